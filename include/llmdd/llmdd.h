@@ -1,0 +1,224 @@
+/*
+ * llmdd: move LLM KV caches between prefill and decode processes.
+ *
+ * This is the only public header. The contract (names, argument order and
+ * numeric values) is fixed by API.md; the semantics by MODEL.md.
+ *
+ * Thread safety: one instance may be used from several threads at once,
+ * except that llmdd_finalize() and llmdd_destroy() must not race with other
+ * calls on the same instance. llmdd_status_str() and llmdd_version() are
+ * always safe.
+ */
+#ifndef LLMDD_LLMDD_H
+#define LLMDD_LLMDD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LLMDD_VERSION_MAJOR 0
+#define LLMDD_VERSION_MINOR 1
+#define LLMDD_VERSION_PATCH 0
+
+#if defined(__GNUC__)
+#define LLMDD_API __attribute__((visibility("default")))
+#else
+#define LLMDD_API
+#endif
+
+typedef uint32_t llmdd_status;
+
+#define LLM_SUCCESS 0x0u
+#define LLM_FAILED 0xFFFFFFFFu
+#define LLM_WAIT_PROC_TIMEOUT 0x5010B001u
+#define LLM_KV_CACHE_NOT_EXIST 0x5010B002u
+#define LLM_REPEAT_REQUEST 0x5010B003u
+#define LLM_REQUEST_ALREADY_COMPLETED 0x5010B004u
+#define LLM_PARAM_INVALID 0x5010B005u
+#define LLM_ENGINE_FINALIZED 0x5010B006u
+#define LLM_NOT_YET_LINK 0x5010B007u
+#define LLM_ALREADY_LINK 0x5010B008u
+#define LLM_LINK_FAILED 0x5010B009u
+#define LLM_UNLINK_FAILED 0x5010B00Au
+#define LLM_NOTIFY_PROMPT_UNLINK_FAILED 0x5010B00Bu
+#define LLM_CLUSTER_NUM_EXCEED_LIMIT 0x5010B00Cu
+#define LLM_PROCESSING_LINK 0x5010B00Du
+#define LLM_DEVICE_OUT_OF_MEMORY 0x5010B00Eu
+#define LLM_PREFIX_ALREADY_EXIST 0x5010B00Fu
+#define LLM_PREFIX_NOT_EXIST 0x5010B010u
+#define LLM_SEQ_LEN_OVER_LIMIT 0x5010B011u
+#define LLM_NO_FREE_BLOCK 0x5010B012u
+#define LLM_BLOCKS_OUT_OF_MEMORY 0x5010B013u
+#define LLM_CACHE_INCOMPATIBLE 0x5010B014u
+#define LLM_CACHE_KEY_ALREADY_EXIST 0x5010B015u
+#define LLM_COPY_CACHE_FAILED 0x5010B016u
+#define LLM_CACHE_ID_ALREADY_EXIST 0x5010B017u
+#define LLM_EXIST_LINK 0x5010B018u
+#define LLM_FEATURE_NOT_ENABLED 0x5010B019u
+#define LLM_TIMEOUT 0x5010B01Au
+#define LLM_LINK_BUSY 0x5010B01Bu
+#define LLM_OUT_OF_MEMORY 0x5010B01Cu
+
+typedef enum {
+    LLMDD_ROLE_PROMPT = 1,
+    LLMDD_ROLE_DECODER = 2,
+    LLMDD_ROLE_MIX = 3,
+} llmdd_role;
+
+typedef enum {
+    LLMDD_PLACEMENT_HOST = 0,
+    LLMDD_PLACEMENT_DEVICE = 1,
+} llmdd_placement;
+
+typedef enum {
+    LLMDD_DT_FLOAT = 0,
+    LLMDD_DT_FLOAT16 = 1,
+    LLMDD_DT_INT8 = 2,
+    LLMDD_DT_INT32 = 3,
+    LLMDD_DT_UINT8 = 4,
+    LLMDD_DT_INT16 = 6,
+    LLMDD_DT_UINT16 = 7,
+    LLMDD_DT_UINT32 = 8,
+    LLMDD_DT_INT64 = 9,
+    LLMDD_DT_UINT64 = 10,
+    LLMDD_DT_DOUBLE = 11,
+    LLMDD_DT_BOOL = 12,
+    LLMDD_DT_BF16 = 27,
+    LLMDD_DT_UNDEFINED = 28,
+} llmdd_data_type;
+
+#define LLMDD_MAX_DIMS 31
+#define LLMDD_IP_LEN 64 /* textual IPv4/IPv6 address + NUL */
+
+typedef struct llmdd llmdd; /* opaque instance */
+
+typedef struct {
+    llmdd_placement placement; /* zero = host */
+    uint32_t num_tensors;
+    llmdd_data_type data_type;
+    uint32_t num_dims;             /* 1..LLMDD_MAX_DIMS */
+    int64_t shape[LLMDD_MAX_DIMS]; /* shape[0] = batch size = number of blocks */
+} llmdd_cache_desc;
+
+typedef struct {
+    int64_t cache_id;
+    llmdd_cache_desc desc;
+    uint64_t *tensor_addrs; /* desc.num_tensors entries */
+} llmdd_cache;
+
+typedef struct { /* names a REMOTE cache */
+    uint64_t cluster_id;
+    int64_t cache_id;
+    uint32_t batch_index;
+} llmdd_cache_index;
+
+typedef struct {
+    int32_t first, second;
+} llmdd_layer_range; /* inclusive */
+
+typedef struct {
+    llmdd_layer_range src_layer_range; /* {-1,-1} = all layers */
+    llmdd_layer_range dst_layer_range; /* {-1,-1} = all layers */
+    uint32_t tensor_num_per_layer;     /* default 2 */
+} llmdd_kv_ext_param;
+#define LLMDD_KV_EXT_PARAM_DEFAULT {{-1, -1}, {-1, -1}, 2}
+
+typedef struct {
+    const char *key;
+    const char *value;
+} llmdd_option;
+
+typedef struct {
+    char ip[LLMDD_IP_LEN];
+    uint16_t port;
+} llmdd_ip_info;
+
+typedef struct {
+    uint64_t remote_cluster_id;
+    int32_t remote_role_type;
+    const llmdd_ip_info *local_ip_infos;
+    size_t num_local_ip_infos;
+    const llmdd_ip_info *remote_ip_infos;
+    size_t num_remote_ip_infos;
+} llmdd_cluster_info;
+
+/*
+ * Wherever a function takes `const llmdd_kv_ext_param *ext`, NULL means the
+ * default. Out-parameters (`*_out`) are written only on LLM_SUCCESS.
+ */
+
+LLMDD_API llmdd_status llmdd_create(uint64_t cluster_id, llmdd_role role,
+                          llmdd **dd_out);
+LLMDD_API void llmdd_destroy(llmdd *dd); /* finalizes; NULL is a no-op */
+
+LLMDD_API llmdd_status llmdd_initialize(llmdd *dd, const llmdd_option *options,
+                              size_t num_options);
+LLMDD_API void llmdd_finalize(llmdd *dd); /* idempotent */
+LLMDD_API llmdd_status llmdd_set_role(llmdd *dd, llmdd_role role,
+                            const llmdd_option *options, size_t num_options);
+
+/* rets: caller array of num_clusters entries, one status per cluster. */
+LLMDD_API llmdd_status llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
+                                 size_t num_clusters, llmdd_status *rets,
+                                 int32_t timeout_ms);
+LLMDD_API llmdd_status llmdd_unlink_clusters(llmdd *dd,
+                                   const llmdd_cluster_info *clusters,
+                                   size_t num_clusters, llmdd_status *rets,
+                                   int32_t timeout_ms, bool force);
+
+/* cache_out->tensor_addrs is owned by llmdd until the cache is deallocated. */
+LLMDD_API llmdd_status llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                                  llmdd_cache *cache_out);
+LLMDD_API llmdd_status llmdd_deallocate_cache(llmdd *dd, int64_t cache_id);
+LLMDD_API llmdd_status llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                                     const uint64_t *addrs, size_t num_addrs,
+                                     int64_t *cache_id_out);
+LLMDD_API llmdd_status llmdd_unregister_kv_cache(llmdd *dd, int64_t cache_id);
+
+LLMDD_API llmdd_status llmdd_pull_kv_cache(llmdd *dd,
+                                 const llmdd_cache_index *src_cache_index,
+                                 const llmdd_cache *dst_cache,
+                                 uint32_t batch_index, int64_t size,
+                                 const llmdd_kv_ext_param *ext);
+LLMDD_API llmdd_status llmdd_pull_kv_blocks(llmdd *dd,
+                                  const llmdd_cache_index *src_cache_index,
+                                  const llmdd_cache *dst_cache,
+                                  const uint64_t *src_blocks,
+                                  const uint64_t *dst_blocks,
+                                  size_t num_blocks,
+                                  const llmdd_kv_ext_param *ext);
+LLMDD_API llmdd_status llmdd_push_kv_cache(llmdd *dd, const llmdd_cache *src_cache,
+                                 const llmdd_cache_index *dst_cache_index,
+                                 uint32_t src_batch_index, int64_t size,
+                                 const llmdd_kv_ext_param *ext);
+LLMDD_API llmdd_status llmdd_push_kv_blocks(llmdd *dd, const llmdd_cache *src_cache,
+                                  const llmdd_cache_index *dst_cache_index,
+                                  const uint64_t *src_blocks,
+                                  const uint64_t *dst_blocks,
+                                  size_t num_blocks,
+                                  const llmdd_kv_ext_param *ext);
+
+LLMDD_API llmdd_status llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src,
+                                 const llmdd_cache *dst,
+                                 uint32_t src_batch_index,
+                                 uint32_t dst_batch_index, uint64_t offset,
+                                 int64_t size);
+/* Each src_blocks[k] is copied to dst_blocks[k]. */
+LLMDD_API llmdd_status llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src,
+                                  const llmdd_cache *dst,
+                                  const uint64_t *src_blocks,
+                                  const uint64_t *dst_blocks,
+                                  size_t num_blocks);
+
+LLMDD_API const char *llmdd_status_str(llmdd_status s); /* never NULL */
+LLMDD_API const char *llmdd_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LLMDD_LLMDD_H */

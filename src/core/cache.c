@@ -1,0 +1,471 @@
+/*
+ * The cache registry: allocate, register, look up, release.
+ *
+ * Allocated caches live in memfd-backed shared mappings so that a same-host
+ * peer can map the very same pages. Without a pool each cache has its own
+ * memfd; with llm.HostMemPoolConfig all caches are carved, page by page, out
+ * of one memfd that is mapped once.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+#define TENSOR_ALIGN 4096u
+
+struct llmdd__pool {
+    int fd;
+    uint8_t *base;
+    uint64_t size;
+    uint32_t shift;
+    size_t npages;
+    uint8_t *used; /* one byte a page: simple, and pools are few pages */
+};
+
+static llmdd_status
+pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
+{
+    llmdd__pool *p = calloc(1, sizeof(*p));
+
+    if (p == NULL)
+        return LLM_OUT_OF_MEMORY;
+    p->size = cfg->memory_size;
+    p->shift = cfg->page_shift;
+    p->npages = (size_t)(p->size >> p->shift);
+    p->used = calloc(p->npages, 1);
+    if (p->used == NULL)
+        goto err_free;
+    p->fd = memfd_create("llmdd-pool", MFD_CLOEXEC);
+    if (p->fd < 0) {
+        log_error("memfd_create: %s", strerror(errno));
+        goto err_used;
+    }
+    if (ftruncate(p->fd, (off_t)p->size) != 0) {
+        log_error("pool of %llu bytes: ftruncate: %s",
+                  (unsigned long long)p->size, strerror(errno));
+        goto err_fd;
+    }
+    p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (p->base == MAP_FAILED) {
+        log_error("pool of %llu bytes: mmap: %s", (unsigned long long)p->size,
+                  strerror(errno));
+        goto err_fd;
+    }
+    *out = p;
+    return LLM_SUCCESS;
+
+err_fd:
+    close(p->fd);
+err_used:
+    free(p->used);
+err_free:
+    free(p);
+    return LLM_OUT_OF_MEMORY;
+}
+
+static void
+pool_destroy(llmdd__pool *p)
+{
+    if (p == NULL)
+        return;
+    munmap(p->base, p->size);
+    close(p->fd);
+    free(p->used);
+    free(p);
+}
+
+/* First fit over the page map. Returns the first page or SIZE_MAX. */
+static size_t
+pool_take(llmdd__pool *p, size_t pages)
+{
+    size_t run = 0;
+
+    for (size_t i = 0; i < p->npages; i++) {
+        run = p->used[i] ? 0 : run + 1;
+        if (run == pages) {
+            size_t first = i + 1 - pages;
+            memset(p->used + first, 1, pages);
+            return first;
+        }
+    }
+    return SIZE_MAX;
+}
+
+static void
+pool_give(llmdd__pool *p, size_t first, size_t pages)
+{
+    /* Freed pages must read as zero for the next cache. */
+    memset(p->base + ((uint64_t)first << p->shift), 0,
+           (uint64_t)pages << p->shift);
+    memset(p->used + first, 0, pages);
+}
+
+static uint64_t
+round_up(uint64_t v, uint64_t align)
+{
+    return (v + align - 1) & ~(align - 1);
+}
+
+static llmdd_status
+mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
+          llmdd__mem *m)
+{
+    llmdd__pool *p = dd->host_pool;
+    uint64_t align = p != NULL ? 1ull << p->shift : TENSOR_ALIGN;
+    uint64_t pitch = round_up(tensor_size, align);
+    uint64_t len;
+
+    if (pitch < tensor_size ||
+        __builtin_mul_overflow(pitch, (uint64_t)num_tensors, &len))
+        return LLM_OUT_OF_MEMORY;
+    memset(m, 0, sizeof(*m));
+    m->pitch = pitch;
+    m->len = len;
+    if (p != NULL) {
+        /* Called with dd->lock held: the page map is guarded by it. */
+        if (len > p->size)
+            return LLM_OUT_OF_MEMORY;
+        size_t first = pool_take(p, (size_t)(len >> p->shift));
+        if (first == SIZE_MAX)
+            return LLM_OUT_OF_MEMORY;
+        m->pooled = true;
+        m->fd = p->fd;
+        m->fd_off = (uint64_t)first << p->shift;
+        m->base = p->base + m->fd_off;
+        return LLM_SUCCESS;
+    }
+    m->fd = memfd_create("llmdd-cache", MFD_CLOEXEC);
+    if (m->fd < 0) {
+        log_error("memfd_create: %s", strerror(errno));
+        return LLM_OUT_OF_MEMORY;
+    }
+    if (ftruncate(m->fd, (off_t)len) != 0) {
+        log_error("cache of %llu bytes: ftruncate: %s",
+                  (unsigned long long)len, strerror(errno));
+        close(m->fd);
+        return LLM_OUT_OF_MEMORY;
+    }
+    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+    if (m->base == MAP_FAILED) {
+        log_error("cache of %llu bytes: mmap: %s", (unsigned long long)len,
+                  strerror(errno));
+        close(m->fd);
+        return LLM_OUT_OF_MEMORY;
+    }
+    return LLM_SUCCESS;
+}
+
+static void
+mem_free(llmdd *dd, llmdd__mem *m)
+{
+    if (m->pooled) {
+        llmdd__pool *p = dd->host_pool;
+        pool_give(p, (size_t)(m->fd_off >> p->shift),
+                  (size_t)(m->len >> p->shift));
+        return;
+    }
+    munmap(m->base, m->len);
+    close(m->fd);
+}
+
+static void
+cache_free(llmdd *dd, llmdd__cache *c)
+{
+    if (c->allocated)
+        mem_free(dd, &c->mem);
+    free(c->addrs);
+    free(c);
+}
+
+static size_t
+cache_index(const llmdd *dd, int64_t id, bool *found)
+{
+    size_t lo = 0, hi = dd->ncaches;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (dd->caches[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = lo < dd->ncaches && dd->caches[lo]->id == id;
+    return lo;
+}
+
+/* dd->lock held. Ids only grow, so appending keeps the array sorted. */
+static llmdd_status
+cache_insert(llmdd *dd, llmdd__cache *c)
+{
+    if (dd->ncaches == dd->caches_cap) {
+        size_t cap = dd->caches_cap ? dd->caches_cap * 2 : 16;
+        llmdd__cache **n = realloc(dd->caches, cap * sizeof(*n));
+        if (n == NULL)
+            return LLM_OUT_OF_MEMORY;
+        dd->caches = n;
+        dd->caches_cap = cap;
+    }
+    c->id = dd->next_cache_id++;
+    dd->caches[dd->ncaches++] = c;
+    return LLM_SUCCESS;
+}
+
+/* dd->lock held. Unlinks cache `id`, waits for its users, frees it. */
+static bool
+cache_remove(llmdd *dd, int64_t id, bool want_allocated)
+{
+    bool found;
+    size_t i = cache_index(dd, id, &found);
+
+    if (!found || dd->caches[i]->allocated != want_allocated)
+        return false;
+    llmdd__cache *c = dd->caches[i];
+    memmove(dd->caches + i, dd->caches + i + 1,
+            (dd->ncaches - i - 1) * sizeof(*dd->caches));
+    dd->ncaches--;
+    c->dead = true;
+    /* Transfers hold references only for bounded I/O; wait them out so the
+     * memory is never touched after we return. */
+    while (c->refs > 0)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    cache_free(dd, c);
+    return true;
+}
+
+void
+llmdd__caches_fini(llmdd *dd)
+{
+    while (dd->ncaches > 0)
+        cache_remove(dd, dd->caches[dd->ncaches - 1]->id,
+                     dd->caches[dd->ncaches - 1]->allocated);
+    free(dd->caches);
+    dd->caches = NULL;
+    dd->caches_cap = 0;
+    pool_destroy(dd->host_pool);
+    dd->host_pool = NULL;
+}
+
+static llmdd__cache *
+cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size, uint64_t stride)
+{
+    llmdd__cache *c = calloc(1, sizeof(*c));
+
+    if (c == NULL)
+        return NULL;
+    c->addrs = calloc(desc->num_tensors, sizeof(*c->addrs));
+    if (c->addrs == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->desc = *desc;
+    c->tensor_size = tensor_size;
+    c->stride = stride;
+    return c;
+}
+
+static llmdd_status
+ready(llmdd *dd)
+{
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    return dd->initialized ? LLM_SUCCESS : LLM_FAILED;
+}
+
+llmdd_status
+llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                     llmdd_cache *cache_out)
+{
+    uint64_t tensor_size, stride;
+    llmdd_status st;
+    llmdd__cache *c;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if ((st = ready(dd)) != LLM_SUCCESS)
+        goto out;
+    if (cache_out == NULL ||
+        (st = llmdd__desc_check(desc, &tensor_size, &stride)) != LLM_SUCCESS) {
+        st = LLM_PARAM_INVALID;
+        goto out;
+    }
+    if (desc->placement == LLMDD_PLACEMENT_DEVICE) {
+        log_error("allocate_cache: device placement needs a GPU build");
+        st = LLM_FEATURE_NOT_ENABLED;
+        goto out;
+    }
+    c = cache_new(desc, tensor_size, stride);
+    if (c == NULL) {
+        st = LLM_OUT_OF_MEMORY;
+        goto out;
+    }
+    st = mem_alloc(dd, tensor_size, desc->num_tensors, &c->mem);
+    if (st != LLM_SUCCESS) {
+        log_error("allocate_cache: %u tensors of %llu bytes: out of memory",
+                  desc->num_tensors, (unsigned long long)tensor_size);
+        free(c->addrs);
+        free(c);
+        goto out;
+    }
+    c->allocated = true;
+    for (uint32_t i = 0; i < desc->num_tensors; i++)
+        c->addrs[i] = (uint64_t)(uintptr_t)(c->mem.base + i * c->mem.pitch);
+    if ((st = cache_insert(dd, c)) != LLM_SUCCESS) {
+        cache_free(dd, c);
+        goto out;
+    }
+    cache_out->cache_id = c->id;
+    cache_out->desc = *desc;
+    cache_out->tensor_addrs = c->addrs;
+out:
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}
+
+llmdd_status
+llmdd_deallocate_cache(llmdd *dd, int64_t cache_id)
+{
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if ((st = ready(dd)) == LLM_SUCCESS && !cache_remove(dd, cache_id, true))
+        st = LLM_KV_CACHE_NOT_EXIST;
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}
+
+llmdd_status
+llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                        const uint64_t *addrs, size_t num_addrs,
+                        int64_t *cache_id_out)
+{
+    uint64_t tensor_size, stride;
+    llmdd_status st;
+    llmdd__cache *c;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if ((st = ready(dd)) != LLM_SUCCESS)
+        goto out;
+    st = LLM_PARAM_INVALID;
+    if (cache_id_out == NULL || addrs == NULL || num_addrs == 0 ||
+        llmdd__desc_check(desc, &tensor_size, &stride) != LLM_SUCCESS ||
+        num_addrs != desc->num_tensors)
+        goto out;
+    for (size_t i = 0; i < num_addrs; i++) {
+        uint64_t end;
+        if (addrs[i] == 0 ||
+            __builtin_add_overflow(addrs[i], tensor_size, &end))
+            goto out;
+    }
+    if (desc->placement == LLMDD_PLACEMENT_DEVICE) {
+        log_error("register_kv_cache: device placement needs a GPU build");
+        st = LLM_FEATURE_NOT_ENABLED;
+        goto out;
+    }
+    c = cache_new(desc, tensor_size, stride);
+    if (c == NULL) {
+        st = LLM_OUT_OF_MEMORY;
+        goto out;
+    }
+    memcpy(c->addrs, addrs, num_addrs * sizeof(*addrs));
+    if ((st = cache_insert(dd, c)) != LLM_SUCCESS) {
+        cache_free(dd, c);
+        goto out;
+    }
+    *cache_id_out = c->id;
+out:
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}
+
+llmdd_status
+llmdd_unregister_kv_cache(llmdd *dd, int64_t cache_id)
+{
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if ((st = ready(dd)) == LLM_SUCCESS)
+        cache_remove(dd, cache_id, false);
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}
+
+llmdd__cache *
+llmdd__cache_get(llmdd *dd, int64_t id)
+{
+    llmdd__cache *c = NULL;
+    bool found;
+
+    pthread_mutex_lock(&dd->lock);
+    if (dd->initialized) {
+        size_t i = cache_index(dd, id, &found);
+        if (found) {
+            c = dd->caches[i];
+            c->refs++;
+        }
+    }
+    pthread_mutex_unlock(&dd->lock);
+    return c;
+}
+
+void
+llmdd__cache_put(llmdd *dd, llmdd__cache *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&dd->lock);
+    if (--c->refs == 0 && c->dead)
+        pthread_cond_broadcast(&dd->cond);
+    pthread_mutex_unlock(&dd->lock);
+}
+
+llmdd_status
+llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first, uint32_t count,
+                      const uint64_t *offs, const uint64_t *lens, size_t nruns,
+                      llmdd__cache **out)
+{
+    llmdd__cache *c = llmdd__cache_get(dd, id);
+    uint64_t end;
+
+    if (c == NULL)
+        return LLM_KV_CACHE_NOT_EXIST;
+    if (count == 0 || first >= c->desc.num_tensors ||
+        count > c->desc.num_tensors - first)
+        goto err;
+    for (size_t i = 0; i < nruns; i++)
+        if (__builtin_add_overflow(offs[i], lens[i], &end) ||
+            end > c->tensor_size)
+            goto err;
+    *out = c;
+    return LLM_SUCCESS;
+err:
+    llmdd__cache_put(dd, c);
+    return LLM_PARAM_INVALID;
+}
+
+void
+llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->id = c->id;
+    out->desc = c->desc;
+    out->tensor_size = c->tensor_size;
+    out->stride = c->stride;
+}
+
+llmdd_status
+llmdd__pool_setup(llmdd *dd)
+{
+    if (!dd->opts.host_pool)
+        return LLM_SUCCESS;
+    return pool_create(&dd->opts.host_pool_config, &dd->host_pool);
+}

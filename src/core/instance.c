@@ -1,0 +1,248 @@
+/* Instance lifecycle: create, initialize, set_role, finalize, destroy. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+/* Every initialized instance of the process, for in-process peers. */
+static pthread_mutex_t instances_lock = PTHREAD_MUTEX_INITIALIZER;
+static llmdd *instances;
+
+void
+llmdd__instances_lock(void)
+{
+    pthread_mutex_lock(&instances_lock);
+}
+
+void
+llmdd__instances_unlock(void)
+{
+    pthread_mutex_unlock(&instances_lock);
+}
+
+llmdd *
+llmdd__instance_find(uint64_t nonce)
+{
+    for (llmdd *dd = instances; dd != NULL; dd = dd->next_instance)
+        if (dd->nonce == nonce)
+            return dd;
+    return NULL;
+}
+
+static void
+instances_remove(llmdd *dd)
+{
+    pthread_mutex_lock(&instances_lock);
+    for (llmdd **p = &instances; *p != NULL; p = &(*p)->next_instance) {
+        if (*p == dd) {
+            *p = dd->next_instance;
+            break;
+        }
+    }
+    dd->next_instance = NULL;
+    pthread_mutex_unlock(&instances_lock);
+}
+
+static bool
+role_valid(llmdd_role role)
+{
+    return role == LLMDD_ROLE_PROMPT || role == LLMDD_ROLE_DECODER ||
+           role == LLMDD_ROLE_MIX;
+}
+
+llmdd_status
+llmdd_create(uint64_t cluster_id, llmdd_role role, llmdd **dd_out)
+{
+    llmdd *dd;
+
+    if (dd_out == NULL || !role_valid(role))
+        return LLM_PARAM_INVALID;
+    dd = calloc(1, sizeof(*dd));
+    if (dd == NULL)
+        return LLM_OUT_OF_MEMORY;
+    dd->cluster_id = cluster_id;
+    dd->role = role;
+    dd->next_cache_id = 1;
+    dd->stop_fd = -1;
+    if (llmdd__random(&dd->nonce, sizeof(dd->nonce)) != 0) {
+        free(dd);
+        return LLM_FAILED;
+    }
+    llmdd__options_init(&dd->opts);
+    pthread_mutex_init(&dd->lock, NULL);
+    pthread_cond_init(&dd->cond, NULL);
+    *dd_out = dd;
+    return LLM_SUCCESS;
+}
+
+void
+llmdd_destroy(llmdd *dd)
+{
+    if (dd == NULL)
+        return;
+    llmdd_finalize(dd);
+    llmdd__options_fini(&dd->opts);
+    pthread_cond_destroy(&dd->cond);
+    pthread_mutex_destroy(&dd->lock);
+    free(dd);
+}
+
+/* A forced transport that is a valid name but not built in. */
+static llmdd_status
+transport_available(const llmdd__options *o)
+{
+    if (strcmp(o->transport, "auto") == 0 ||
+        llmdd__transport_find(o->transport) != NULL)
+        return LLM_SUCCESS;
+    log_error("llm.Transport=%s: not built into this library", o->transport);
+    return LLM_FEATURE_NOT_ENABLED;
+}
+
+llmdd_status
+llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
+{
+    llmdd__options opts;
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if (dd->initialized) {
+        pthread_mutex_unlock(&dd->lock);
+        return LLM_SUCCESS;
+    }
+    llmdd__options_init(&opts);
+    if ((st = llmdd__options_apply(&opts, options, num_options)) !=
+            LLM_SUCCESS ||
+        (st = transport_available(&opts)) != LLM_SUCCESS) {
+        llmdd__options_fini(&opts);
+        pthread_mutex_unlock(&dd->lock);
+        return st;
+    }
+    llmdd__options_fini(&dd->opts);
+    dd->opts = opts;
+    st = llmdd__pool_setup(dd);
+    pthread_mutex_unlock(&dd->lock);
+    if (st != LLM_SUCCESS)
+        goto err_opts;
+
+    dd->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (dd->stop_fd < 0) {
+        st = LLM_FAILED;
+        goto err_pool;
+    }
+    if ((st = llmdd__ctrl_start(dd)) != LLM_SUCCESS)
+        goto err_stop_fd;
+    if (dd->opts.listen && (st = llmdd__listen_start(dd)) != LLM_SUCCESS)
+        goto err_ctrl;
+
+    pthread_mutex_lock(&instances_lock);
+    dd->next_instance = instances;
+    instances = dd;
+    pthread_mutex_unlock(&instances_lock);
+    pthread_mutex_lock(&dd->lock);
+    dd->initialized = true;
+    pthread_mutex_unlock(&dd->lock);
+    return LLM_SUCCESS;
+
+err_ctrl:
+    llmdd__ctrl_stop(dd);
+err_stop_fd:
+    close(dd->stop_fd);
+    dd->stop_fd = -1;
+err_pool:
+    pthread_mutex_lock(&dd->lock);
+    llmdd__caches_fini(dd);
+    pthread_mutex_unlock(&dd->lock);
+err_opts:
+    llmdd__options_fini(&dd->opts);
+    llmdd__options_init(&dd->opts);
+    return st;
+}
+
+void
+llmdd_finalize(llmdd *dd)
+{
+    if (dd == NULL)
+        return;
+    pthread_mutex_lock(&dd->lock);
+    if (!dd->initialized) {
+        pthread_mutex_unlock(&dd->lock);
+        return;
+    }
+    dd->initialized = false;
+    pthread_mutex_unlock(&dd->lock);
+
+    /* No new in-process peer finds us; then everyone blocked wakes up. */
+    instances_remove(dd);
+    uint64_t one = 1;
+    (void)!write(dd->stop_fd, &one, sizeof(one));
+    llmdd__listen_stop(dd);
+    llmdd__links_fini(dd);
+    llmdd__ctrl_stop(dd);
+
+    pthread_mutex_lock(&dd->lock);
+    while (dd->nthreads > 0)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    llmdd__caches_fini(dd);
+    pthread_mutex_unlock(&dd->lock);
+    close(dd->stop_fd);
+    dd->stop_fd = -1;
+}
+
+llmdd_status
+llmdd_set_role(llmdd *dd, llmdd_role role, const llmdd_option *options,
+               size_t num_options)
+{
+    llmdd__options opts;
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    if (!dd->initialized) {
+        st = LLM_FAILED;
+        goto out;
+    }
+    if (!role_valid(role)) {
+        st = LLM_PARAM_INVALID;
+        goto out;
+    }
+    if (dd->links != NULL) {
+        log_error("set_role: links are alive; unlink them first");
+        st = LLM_EXIST_LINK;
+        goto out;
+    }
+    /* Listening follows this call's options alone. */
+    opts = dd->opts;
+    opts.listen = false;
+    opts.auth_token = NULL;
+    st = llmdd__options_apply(&opts, options, num_options);
+    if (st == LLM_SUCCESS)
+        st = transport_available(&opts);
+    if (st != LLM_SUCCESS) {
+        free(opts.auth_token);
+        goto out;
+    }
+    if (opts.auth_token == NULL && dd->opts.auth_token != NULL)
+        opts.auth_token = strdup(dd->opts.auth_token);
+    pthread_mutex_unlock(&dd->lock);
+
+    llmdd__listen_stop(dd);
+    pthread_mutex_lock(&dd->lock);
+    free(dd->opts.auth_token);
+    /* A pool keeps its first configuration: caches live in it. */
+    opts.host_pool = dd->opts.host_pool;
+    opts.host_pool_config = dd->opts.host_pool_config;
+    dd->opts = opts;
+    dd->role = role;
+    pthread_mutex_unlock(&dd->lock);
+    if (opts.listen)
+        return llmdd__listen_start(dd);
+    return LLM_SUCCESS;
+out:
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}

@@ -1,0 +1,173 @@
+/*
+ * Internal state of an instance, shared by the core, the control plane and
+ * the transports. Locking: dd->lock guards the cache registry, the link table,
+ * the thread count and the initialized flag; it is never held across I/O or
+ * a memcpy of cache data. Cache and link objects are reference-counted so
+ * that I/O can proceed without the lock.
+ */
+#ifndef LLMDD_CORE_INTERNAL_H
+#define LLMDD_CORE_INTERNAL_H
+
+#include <llmdd/llmdd.h>
+#include <pthread.h>
+
+#include "core/layout.h"
+#include "core/log.h"
+#include "core/options.h"
+#include "transport/transport.h"
+
+#define LLMDD_MAX_LINK_CLUSTERS 16
+#define LLMDD_BOOT_ID_LEN 16
+#define LLMDD_TOKEN_LEN 16
+
+/* Backing memory of an allocated cache: a range of a memfd mapping. */
+typedef struct {
+    int fd;            /* the memfd (the pool's when pooled) */
+    uint64_t fd_off;   /* where the cache starts in the memfd */
+    uint64_t len;      /* bytes reserved in the memfd */
+    uint64_t pitch;    /* distance between consecutive tensors */
+    uint8_t *base;     /* our mapping of [fd_off, fd_off + len) */
+    bool pooled;
+} llmdd__mem;
+
+typedef struct llmdd__cache {
+    int64_t id;
+    llmdd_cache_desc desc;
+    uint64_t tensor_size;
+    uint64_t stride;
+    uint64_t *addrs; /* num_tensors entries */
+    bool allocated;  /* else registered user memory */
+    llmdd__mem mem;  /* when allocated */
+    int refs;        /* transfers in progress; guarded by dd->lock */
+    bool dead;       /* removed from the registry, waiting for refs == 0 */
+} llmdd__cache;
+
+typedef struct llmdd__pool llmdd__pool;
+
+/* What the handshake told us about the peer. */
+typedef struct llmdd__peer {
+    uint64_t cluster_id;
+    uint32_t role;
+    uint32_t pid;
+    uint8_t boot_id[LLMDD_BOOT_ID_LEN];
+    uint64_t nonce; /* the peer instance's random id */
+    llmdd__sockaddr addr; /* where its listener is, when we are the client */
+} llmdd__peer;
+
+typedef struct llmdd__link {
+    struct llmdd *dd;
+    llmdd__peer peer;
+    bool client;
+    uint8_t token[LLMDD_TOKEN_LEN]; /* names the link in data connections */
+    int ctrl_fd;
+    pthread_mutex_t wlock; /* serializes writes to ctrl_fd */
+    const llmdd_transport_ops *ops;
+    void *tp; /* transport state */
+    int64_t deadline_ms; /* of the link call, for the transport's setup */
+
+    /* Guarded by dd->lock. */
+    int refs;
+    bool dead;
+    bool unlink_acked;
+    struct llmdd__link *next;
+
+    /* The peer's caches we have seen; guarded by rc_lock. */
+    pthread_mutex_t rc_lock;
+    llmdd__remote_cache **rcs;
+    size_t nrcs, rcs_cap;
+} llmdd__link;
+
+typedef struct llmdd__ctrl llmdd__ctrl;
+
+struct llmdd {
+    uint64_t cluster_id;
+    llmdd_role role;
+    uint64_t nonce;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* cache refs, link events, thread exits */
+    bool initialized;
+    llmdd__options opts;
+
+    llmdd__cache **caches; /* sorted by id */
+    size_t ncaches, caches_cap;
+    int64_t next_cache_id;
+    llmdd__pool *host_pool;
+
+    llmdd__link *links;
+    llmdd__ctrl *ctrl; /* listener and control thread; NULL when down */
+    int stop_fd;       /* eventfd, readable once finalize has begun */
+    int nthreads;      /* helper threads alive */
+
+    struct llmdd *next_instance; /* in the process-wide list */
+};
+
+/* Time and misc utilities (util.c). */
+int64_t llmdd__now_ms(void);
+int llmdd__random(void *buf, size_t len);
+const uint8_t *llmdd__boot_id(void);
+
+/*
+ * Waits until fd is ready for `events`, the deadline passes, or the instance
+ * stops. Returns 1 when ready, 0 on timeout, -1 when stopping or on error.
+ */
+int llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms);
+/* Full read/write with a deadline; 0 on success, -1 otherwise. */
+int llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len,
+                     int64_t deadline_ms);
+int llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
+                      int64_t deadline_ms);
+
+/* Runs fn(arg) on a detached thread counted in dd->nthreads. */
+int llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg);
+
+/* Cache registry (cache.c). */
+void llmdd__caches_fini(llmdd *dd); /* dd->lock held; waits for refs */
+/* Looks up a live cache and takes a reference; NULL when unknown. */
+llmdd__cache *llmdd__cache_get(llmdd *dd, int64_t id);
+void llmdd__cache_put(llmdd *dd, llmdd__cache *c);
+/*
+ * The serving side of a remote access: looks up cache `id`, checks that
+ * tensors [first, first + count) exist and that every run lies inside a
+ * tensor, and takes a reference. offs/lens are nruns pairs.
+ */
+llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
+                                   uint32_t count, const uint64_t *offs,
+                                   const uint64_t *lens, size_t nruns,
+                                   llmdd__cache **out);
+/* Creates dd->host_pool when configured; dd->lock held. */
+llmdd_status llmdd__pool_setup(llmdd *dd);
+/* Fills a remote-cache description of a live local cache. */
+void llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out);
+
+/* The process-wide instance list, for in-process peers (instance.c). */
+void llmdd__instances_lock(void);
+void llmdd__instances_unlock(void);
+llmdd *llmdd__instance_find(uint64_t nonce); /* list lock held */
+
+/* Links (ctrl/link.c). */
+llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
+void llmdd__link_put(llmdd__link *link);
+/* Marks the link dead, removes it from the table and wakes its users. */
+void llmdd__link_drop(llmdd__link *link, const char *why);
+llmdd__link *llmdd__link_find_token(llmdd *dd, const uint8_t *token);
+/*
+ * Finds the peer's cache `id`, asking the peer on a miss, and takes a
+ * reference. LLM_KV_CACHE_NOT_EXIST when the peer has no such cache.
+ */
+llmdd_status llmdd__link_remote(llmdd__link *link, int64_t id,
+                                int64_t deadline_ms,
+                                llmdd__remote_cache **out);
+void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
+/* Forgets a remote cache the peer no longer has. */
+void llmdd__link_forget(llmdd__link *link, int64_t id);
+
+/* Control plane (ctrl/ctrl.c). */
+llmdd_status llmdd__ctrl_start(llmdd *dd);
+void llmdd__ctrl_stop(llmdd *dd);
+llmdd_status llmdd__listen_start(llmdd *dd); /* per dd->opts */
+void llmdd__listen_stop(llmdd *dd);
+void llmdd__ctrl_wake(llmdd *dd); /* the link table changed */
+void llmdd__links_fini(llmdd *dd);
+
+#endif

@@ -1,0 +1,80 @@
+/*
+ * Layout math shared by local copies and remote transfers: tensor sizes,
+ * strides, layer-range -> tensor mapping and block-run coalescing.
+ * Pure functions over their arguments; thread-safe.
+ */
+#ifndef LLMDD_CORE_LAYOUT_H
+#define LLMDD_CORE_LAYOUT_H
+
+#include <llmdd/llmdd.h>
+
+/* Size in bytes of one element, or 0 when the type has no known size. */
+size_t llmdd__dtype_size(llmdd_data_type dt);
+
+/*
+ * Validates a desc (MODEL.md "Desc validation") and computes the tensor size
+ * and the stride of one batch slot / block. Returns LLM_PARAM_INVALID on any
+ * violation, including a size that overflows int64.
+ */
+llmdd_status llmdd__desc_check(const llmdd_cache_desc *desc,
+                               uint64_t *tensor_size_out,
+                               uint64_t *stride_out);
+
+/* The selected tensors of one side: [first, first + count). */
+typedef struct {
+    uint32_t first;
+    uint32_t count;
+} llmdd__tensor_span;
+
+/*
+ * Checks the parts of an ext param that need no cache: tensor_num_per_layer
+ * >= 1 and each range either {-1,-1} or 0 <= first <= second.
+ */
+llmdd_status llmdd__ext_check_shape(const llmdd_kv_ext_param *ext);
+
+/*
+ * Resolves one side's range (the source side when is_src) against its cache
+ * of num_tensors tensors: tnpl <= num_tensors, and for a non-default range
+ * tnpl divides num_tensors and second <= max layer. The default range selects
+ * every tensor. A NULL ext selects every tensor and checks nothing: with no
+ * ranges, tensor_num_per_layer has no meaning, so a one-tensor cache works
+ * with the default ext.
+ */
+llmdd_status llmdd__range_resolve(const llmdd_kv_ext_param *ext, bool is_src,
+                                  uint32_t num_tensors,
+                                  llmdd__tensor_span *span_out);
+
+/* Both sides resolved must pair up: equal widths. */
+llmdd_status llmdd__spans_match(llmdd__tensor_span src,
+                                llmdd__tensor_span dst);
+
+/* Resolves both sides and checks they pair up (local copies, tests). */
+llmdd_status llmdd__map_tensors(const llmdd_kv_ext_param *ext,
+                                uint32_t src_num_tensors,
+                                uint32_t dst_num_tensors,
+                                llmdd__tensor_span *src_out,
+                                llmdd__tensor_span *dst_out);
+
+/* Every block index < num_blocks; n >= 1. */
+llmdd_status llmdd__blocks_check(const uint64_t *blocks, size_t n,
+                                 uint64_t num_blocks);
+
+/* A run of bytes within each selected tensor: src offset, dst offset. */
+typedef struct {
+    uint64_t src_off;
+    uint64_t dst_off;
+    uint64_t len;
+} llmdd__run;
+
+/*
+ * Turns block pairs into byte runs, merging consecutive pairs that are
+ * contiguous on both sides. Order is kept, so with duplicate destinations the
+ * later pair wins, as it would block by block. runs must hold n entries.
+ * Returns the number of runs. Indices must already be checked, so that
+ * index * stride cannot overflow.
+ */
+size_t llmdd__block_runs(const uint64_t *src_blocks,
+                         const uint64_t *dst_blocks, size_t n,
+                         uint64_t stride, llmdd__run *runs);
+
+#endif

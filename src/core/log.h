@@ -1,0 +1,30 @@
+/*
+ * A small leveled logger. The level comes from LLMDD_LOG_LEVEL (error, warn,
+ * info, debug, or 0..4), read once; the default is warn. Lines go to stderr.
+ * Thread-safe: each line is written with one write(2).
+ */
+#ifndef LLMDD_CORE_LOG_H
+#define LLMDD_CORE_LOG_H
+
+enum llmdd__log_level {
+    LLMDD_LOG_ERROR = 0,
+    LLMDD_LOG_WARN = 1,
+    LLMDD_LOG_INFO = 2,
+    LLMDD_LOG_DEBUG = 3,
+};
+
+int llmdd__log_enabled(enum llmdd__log_level level);
+void llmdd__log(enum llmdd__log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define LLMDD_LOG(lvl, ...)                                                    \
+    do {                                                                       \
+        if (llmdd__log_enabled(lvl))                                           \
+            llmdd__log(lvl, __VA_ARGS__);                                      \
+    } while (0)
+#define log_error(...) LLMDD_LOG(LLMDD_LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) LLMDD_LOG(LLMDD_LOG_WARN, __VA_ARGS__)
+#define log_info(...) LLMDD_LOG(LLMDD_LOG_INFO, __VA_ARGS__)
+#define log_debug(...) LLMDD_LOG(LLMDD_LOG_DEBUG, __VA_ARGS__)
+
+#endif

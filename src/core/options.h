@@ -1,0 +1,74 @@
+/*
+ * Option values: parsers for every key of API.md. Pure functions over their
+ * arguments (thread-safe); each parser writes its output only on success.
+ * They read untrusted text and are fuzzed (tests/fuzz/fuzz_options.c).
+ */
+#ifndef LLMDD_CORE_OPTIONS_H
+#define LLMDD_CORE_OPTIONS_H
+
+#include <llmdd/llmdd.h>
+#include <sys/socket.h>
+
+#define LLMDD_OPT_LISTEN "llm.ListenIpInfo"
+#define LLMDD_OPT_DEVICE_ID "llm.DeviceId"
+#define LLMDD_OPT_WAIT_TIME "llm.SyncKvCacheWaitTime"
+#define LLMDD_OPT_HOST_POOL "llm.HostMemPoolConfig"
+#define LLMDD_OPT_DEVICE_POOL "llm.MemPoolConfig"
+#define LLMDD_OPT_TRANSPORT "llm.Transport"
+#define LLMDD_OPT_AUTH_TOKEN "llm.AuthToken"
+
+#define LLMDD_DEFAULT_WAIT_MS 1000u
+#define LLMDD_MAX_WAIT_MS 86400000u /* one day */
+#define LLMDD_AUTH_TOKEN_MAX 1024
+#define LLMDD_TRANSPORT_NAME_MAX 16
+
+typedef struct {
+    struct sockaddr_storage addr;
+    socklen_t len;
+} llmdd__sockaddr;
+
+typedef struct {
+    uint64_t memory_size; /* bytes, a multiple of the page */
+    uint32_t page_shift;
+} llmdd__pool_config;
+
+typedef struct {
+    bool listen;
+    llmdd__sockaddr listen_addr;
+    uint32_t device_id;
+    uint32_t wait_ms;
+    bool host_pool;
+    llmdd__pool_config host_pool_config;
+    bool device_pool;
+    llmdd__pool_config device_pool_config;
+    char transport[LLMDD_TRANSPORT_NAME_MAX]; /* "auto" or a transport name */
+    char *auth_token;                         /* NULL: none; owned */
+} llmdd__options;
+
+void llmdd__options_init(llmdd__options *o);
+void llmdd__options_fini(llmdd__options *o);
+
+/*
+ * Applies options on top of *o. All values are checked first; on any bad
+ * value *o is left unchanged and LLM_PARAM_INVALID is returned. Unknown keys
+ * are logged and ignored. A NULL key or value is LLM_PARAM_INVALID.
+ */
+llmdd_status llmdd__options_apply(llmdd__options *o,
+                                  const llmdd_option *options, size_t n);
+
+/* "a.b.c.d:port" or "[v6]:port", port 1..65535. */
+llmdd_status llmdd__parse_listen(const char *s, llmdd__sockaddr *out);
+/* A textual IPv4 or IPv6 address (no brackets) and a port 1..65535. */
+llmdd_status llmdd__parse_ip_info(const llmdd_ip_info *info,
+                                  llmdd__sockaddr *out);
+/* All digits, > 0, <= LLMDD_MAX_WAIT_MS. */
+llmdd_status llmdd__parse_wait_time(const char *s, uint32_t *ms_out);
+/* All digits, fits in uint32. */
+llmdd_status llmdd__parse_u32(const char *s, uint32_t *out);
+/* {"memory_size": N, "page_shift": S}; S in 12..30 (default 16). */
+llmdd_status llmdd__parse_pool(const char *s, llmdd__pool_config *out);
+
+/* Formats an address as "ip:port" or "[ip]:port". */
+void llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,408 @@
+/*
+ * Transfers: pull and push (planned here, moved by the link's transport)
+ * and local copies. Every check runs before any byte moves, in the order
+ * MODEL.md gives, so the first failing check decides the status.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+enum xfer_kind { KIND_CACHE, KIND_BLOCKS };
+
+typedef struct {
+    enum xfer_kind kind;
+    bool write; /* push */
+    const llmdd_cache_index *remote_index;
+    const llmdd_cache *local_cache;
+    const llmdd_kv_ext_param *ext;
+    /* KIND_CACHE */
+    uint32_t local_batch;
+    int64_t size;
+    /* KIND_BLOCKS */
+    const uint64_t *local_blocks;
+    const uint64_t *remote_blocks;
+    size_t nblocks;
+} xfer_args;
+
+static llmdd_status
+instance_ready(llmdd *dd)
+{
+    bool ok;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    ok = dd->initialized;
+    pthread_mutex_unlock(&dd->lock);
+    return ok ? LLM_SUCCESS : LLM_FAILED;
+}
+
+static bool
+role_may(llmdd *dd, bool write)
+{
+    llmdd_role r;
+
+    pthread_mutex_lock(&dd->lock);
+    r = dd->role;
+    pthread_mutex_unlock(&dd->lock);
+    if (r == LLMDD_ROLE_MIX)
+        return true;
+    return write ? r == LLMDD_ROLE_PROMPT : r == LLMDD_ROLE_DECODER;
+}
+
+static uint32_t
+wait_ms(llmdd *dd)
+{
+    uint32_t ms;
+
+    pthread_mutex_lock(&dd->lock);
+    ms = dd->opts.wait_ms;
+    pthread_mutex_unlock(&dd->lock);
+    return ms;
+}
+
+/* The call's own arguments, before any cache is looked up. */
+static llmdd_status
+check_args(llmdd *dd, const xfer_args *a)
+{
+    if (a->remote_index == NULL || a->local_cache == NULL)
+        return LLM_PARAM_INVALID;
+    if (a->kind == KIND_CACHE) {
+        if (a->size == 0 || a->size < -1)
+            return LLM_PARAM_INVALID;
+    } else {
+        if (a->nblocks == 0 || a->local_blocks == NULL ||
+            a->remote_blocks == NULL || a->remote_index->batch_index != 0)
+            return LLM_PARAM_INVALID;
+    }
+    if (a->ext != NULL && llmdd__ext_check_shape(a->ext) != LLM_SUCCESS)
+        return LLM_PARAM_INVALID;
+    if (a->remote_index->cluster_id == dd->cluster_id)
+        return LLM_PARAM_INVALID;
+    return LLM_SUCCESS;
+}
+
+/* Local indices and ranges. The local side is the destination of a pull. */
+static llmdd_status
+check_local(const xfer_args *a, const llmdd__cache *c,
+            llmdd__tensor_span *span)
+{
+    if (a->kind == KIND_CACHE) {
+        if ((int64_t)a->local_batch >= c->desc.shape[0])
+            return LLM_PARAM_INVALID;
+        if (a->size > 0 && (uint64_t)a->size > c->stride)
+            return LLM_PARAM_INVALID;
+    } else if (llmdd__blocks_check(a->local_blocks, a->nblocks,
+                                   (uint64_t)c->desc.shape[0]) !=
+               LLM_SUCCESS) {
+        return LLM_PARAM_INVALID;
+    }
+    return llmdd__range_resolve(a->ext, a->write, c->desc.num_tensors, span);
+}
+
+static llmdd_status
+check_remote(const xfer_args *a, const llmdd__cache *lc,
+             const llmdd__remote_cache *rc, llmdd__tensor_span lspan,
+             llmdd__tensor_span *rspan)
+{
+    llmdd_status st;
+
+    if (a->kind == KIND_CACHE) {
+        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0])
+            return LLM_PARAM_INVALID;
+        uint64_t len = a->size > 0 ? (uint64_t)a->size : lc->stride;
+        if (len > rc->stride)
+            return LLM_PARAM_INVALID;
+    } else {
+        if (llmdd__blocks_check(a->remote_blocks, a->nblocks,
+                                (uint64_t)rc->desc.shape[0]) != LLM_SUCCESS)
+            return LLM_PARAM_INVALID;
+        if (rc->stride != lc->stride)
+            return LLM_PARAM_INVALID;
+    }
+    st = llmdd__range_resolve(a->ext, !a->write, rc->desc.num_tensors, rspan);
+    if (st != LLM_SUCCESS)
+        return st;
+    return llmdd__spans_match(lspan, *rspan);
+}
+
+/* Builds the run list; *runs_out is malloc'd. */
+static llmdd_status
+plan_runs(const xfer_args *a, const llmdd__cache *lc,
+          const llmdd__remote_cache *rc, llmdd__xrun **runs_out,
+          size_t *nruns_out)
+{
+    if (a->kind == KIND_CACHE) {
+        llmdd__xrun *r = malloc(sizeof(*r));
+        if (r == NULL)
+            return LLM_OUT_OF_MEMORY;
+        r->remote_off = a->remote_index->batch_index * rc->stride;
+        r->local_off = a->local_batch * lc->stride;
+        r->len = a->size > 0 ? (uint64_t)a->size : lc->stride;
+        *runs_out = r;
+        *nruns_out = 1;
+        return LLM_SUCCESS;
+    }
+
+    llmdd__run *tmp = malloc(a->nblocks * sizeof(*tmp));
+    llmdd__xrun *r = malloc(a->nblocks * sizeof(*r));
+    if (tmp == NULL || r == NULL) {
+        free(tmp);
+        free(r);
+        return LLM_OUT_OF_MEMORY;
+    }
+    const uint64_t *src = a->write ? a->local_blocks : a->remote_blocks;
+    const uint64_t *dst = a->write ? a->remote_blocks : a->local_blocks;
+    size_t n = llmdd__block_runs(src, dst, a->nblocks, lc->stride, tmp);
+    for (size_t i = 0; i < n; i++) {
+        r[i].remote_off = a->write ? tmp[i].dst_off : tmp[i].src_off;
+        r[i].local_off = a->write ? tmp[i].src_off : tmp[i].dst_off;
+        r[i].len = tmp[i].len;
+    }
+    free(tmp);
+    *runs_out = r;
+    *nruns_out = n;
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+remote_xfer(llmdd *dd, const xfer_args *a)
+{
+    llmdd__tensor_span lspan, rspan;
+    llmdd__remote_cache *rc;
+    llmdd__xrun *runs = NULL;
+    uint8_t **local = NULL;
+    llmdd__cache *lc;
+    llmdd__link *link;
+    llmdd_status st;
+    size_t nruns;
+
+    if ((st = instance_ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (!role_may(dd, a->write)) {
+        log_error("%s: not allowed for this role",
+                  a->write ? "push" : "pull");
+        return LLM_PARAM_INVALID;
+    }
+    if ((st = check_args(dd, a)) != LLM_SUCCESS)
+        return st;
+    int64_t deadline = llmdd__now_ms() + wait_ms(dd);
+
+    lc = llmdd__cache_get(dd, a->local_cache->cache_id);
+    if (lc == NULL)
+        return LLM_KV_CACHE_NOT_EXIST;
+    if ((st = check_local(a, lc, &lspan)) != LLM_SUCCESS)
+        goto out_cache;
+
+    link = llmdd__link_get(dd, a->remote_index->cluster_id);
+    if (link == NULL) {
+        st = LLM_NOT_YET_LINK;
+        goto out_cache;
+    }
+    st = llmdd__link_remote(link, a->remote_index->cache_id, deadline, &rc);
+    if (st != LLM_SUCCESS)
+        goto out_link;
+    if ((st = check_remote(a, lc, rc, lspan, &rspan)) != LLM_SUCCESS)
+        goto out_remote;
+    if ((st = plan_runs(a, lc, rc, &runs, &nruns)) != LLM_SUCCESS)
+        goto out_remote;
+    local = malloc(lspan.count * sizeof(*local));
+    if (local == NULL) {
+        st = LLM_OUT_OF_MEMORY;
+        goto out_runs;
+    }
+    for (uint32_t i = 0; i < lspan.count; i++)
+        local[i] = (uint8_t *)(uintptr_t)lc->addrs[lspan.first + i];
+
+    llmdd__xfer x = {
+        .write = a->write,
+        .remote = rc,
+        .remote_first = rspan.first,
+        .count = rspan.count,
+        .local = local,
+        .runs = runs,
+        .nruns = nruns,
+        .deadline_ms = deadline,
+    };
+    st = link->ops->xfer(link, &x);
+    if (st == LLM_KV_CACHE_NOT_EXIST)
+        llmdd__link_forget(link, rc->id);
+    free(local);
+out_runs:
+    free(runs);
+out_remote:
+    llmdd__link_remote_put(link, rc);
+out_link:
+    llmdd__link_put(link);
+out_cache:
+    llmdd__cache_put(dd, lc);
+    return st;
+}
+
+llmdd_status
+llmdd_pull_kv_cache(llmdd *dd, const llmdd_cache_index *src_cache_index,
+                    const llmdd_cache *dst_cache, uint32_t batch_index,
+                    int64_t size, const llmdd_kv_ext_param *ext)
+{
+    xfer_args a = {.kind = KIND_CACHE,
+                   .remote_index = src_cache_index,
+                   .local_cache = dst_cache,
+                   .ext = ext,
+                   .local_batch = batch_index,
+                   .size = size};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_pull_kv_blocks(llmdd *dd, const llmdd_cache_index *src_cache_index,
+                     const llmdd_cache *dst_cache, const uint64_t *src_blocks,
+                     const uint64_t *dst_blocks, size_t num_blocks,
+                     const llmdd_kv_ext_param *ext)
+{
+    xfer_args a = {.kind = KIND_BLOCKS,
+                   .remote_index = src_cache_index,
+                   .local_cache = dst_cache,
+                   .ext = ext,
+                   .local_blocks = dst_blocks,
+                   .remote_blocks = src_blocks,
+                   .nblocks = num_blocks};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_push_kv_cache(llmdd *dd, const llmdd_cache *src_cache,
+                    const llmdd_cache_index *dst_cache_index,
+                    uint32_t src_batch_index, int64_t size,
+                    const llmdd_kv_ext_param *ext)
+{
+    xfer_args a = {.kind = KIND_CACHE,
+                   .write = true,
+                   .remote_index = dst_cache_index,
+                   .local_cache = src_cache,
+                   .ext = ext,
+                   .local_batch = src_batch_index,
+                   .size = size};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_push_kv_blocks(llmdd *dd, const llmdd_cache *src_cache,
+                     const llmdd_cache_index *dst_cache_index,
+                     const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                     size_t num_blocks, const llmdd_kv_ext_param *ext)
+{
+    xfer_args a = {.kind = KIND_BLOCKS,
+                   .write = true,
+                   .remote_index = dst_cache_index,
+                   .local_cache = src_cache,
+                   .ext = ext,
+                   .local_blocks = src_blocks,
+                   .remote_blocks = dst_blocks,
+                   .nblocks = num_blocks};
+    return remote_xfer(dd, &a);
+}
+
+/* Local copies: both caches looked up, referenced for the copy. */
+static llmdd_status
+copy_get(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+         llmdd__cache **s, llmdd__cache **d)
+{
+    *s = llmdd__cache_get(dd, src->cache_id);
+    *d = llmdd__cache_get(dd, dst->cache_id);
+    if (*s == NULL || *d == NULL) {
+        llmdd__cache_put(dd, *s);
+        llmdd__cache_put(dd, *d);
+        return LLM_KV_CACHE_NOT_EXIST;
+    }
+    if ((*s)->desc.num_tensors != (*d)->desc.num_tensors) {
+        llmdd__cache_put(dd, *s);
+        llmdd__cache_put(dd, *d);
+        return LLM_PARAM_INVALID;
+    }
+    return LLM_SUCCESS;
+}
+
+static void
+copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
+          size_t nruns)
+{
+    for (uint32_t t = 0; t < s->desc.num_tensors; t++) {
+        uint8_t *sb = (uint8_t *)(uintptr_t)s->addrs[t];
+        uint8_t *db = (uint8_t *)(uintptr_t)d->addrs[t];
+        for (size_t i = 0; i < nruns; i++)
+            memmove(db + runs[i].dst_off, sb + runs[i].src_off, runs[i].len);
+    }
+}
+
+llmdd_status
+llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+                    uint32_t src_batch_index, uint32_t dst_batch_index,
+                    uint64_t offset, int64_t size)
+{
+    llmdd__cache *s, *d;
+    llmdd_status st;
+
+    if ((st = instance_ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (src == NULL || dst == NULL || size == 0 || size < -1)
+        return LLM_PARAM_INVALID;
+    if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
+        return st;
+    st = LLM_PARAM_INVALID;
+    if ((int64_t)src_batch_index >= s->desc.shape[0] ||
+        (int64_t)dst_batch_index >= d->desc.shape[0] ||
+        offset >= s->stride || offset >= d->stride)
+        goto out;
+    uint64_t len = size > 0 ? (uint64_t)size : s->stride - offset;
+    if (len > s->stride - offset || len > d->stride - offset)
+        goto out;
+    llmdd__run run = {.src_off = src_batch_index * s->stride + offset,
+                      .dst_off = dst_batch_index * d->stride + offset,
+                      .len = len};
+    copy_runs(s, d, &run, 1);
+    st = LLM_SUCCESS;
+out:
+    llmdd__cache_put(dd, s);
+    llmdd__cache_put(dd, d);
+    return st;
+}
+
+llmdd_status
+llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+                     const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                     size_t num_blocks)
+{
+    llmdd__cache *s, *d;
+    llmdd__run *runs;
+    llmdd_status st;
+
+    if ((st = instance_ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (src == NULL || dst == NULL || src_blocks == NULL ||
+        dst_blocks == NULL || num_blocks == 0)
+        return LLM_PARAM_INVALID;
+    if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
+        return st;
+    st = LLM_PARAM_INVALID;
+    if (s->stride != d->stride ||
+        llmdd__blocks_check(src_blocks, num_blocks,
+                            (uint64_t)s->desc.shape[0]) != LLM_SUCCESS ||
+        llmdd__blocks_check(dst_blocks, num_blocks,
+                            (uint64_t)d->desc.shape[0]) != LLM_SUCCESS)
+        goto out;
+    runs = malloc(num_blocks * sizeof(*runs));
+    if (runs == NULL) {
+        st = LLM_OUT_OF_MEMORY;
+        goto out;
+    }
+    size_t n = llmdd__block_runs(src_blocks, dst_blocks, num_blocks, s->stride,
+                                 runs);
+    copy_runs(s, d, runs, n);
+    free(runs);
+    st = LLM_SUCCESS;
+out:
+    llmdd__cache_put(dd, s);
+    llmdd__cache_put(dd, d);
+    return st;
+}

@@ -1,0 +1,214 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+int64_t
+llmdd__now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int
+llmdd__random(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static uint8_t boot_id[LLMDD_BOOT_ID_LEN];
+static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
+
+static int
+hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static void
+boot_id_read(void)
+{
+    char text[64];
+    size_t n = 0;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+
+    if (fd >= 0) {
+        ssize_t r = read(fd, text, sizeof(text) - 1);
+        n = r > 0 ? (size_t)r : 0;
+        close(fd);
+    }
+    text[n] = '\0';
+    size_t k = 0;
+    for (size_t i = 0; i + 1 < n && k < LLMDD_BOOT_ID_LEN; i++) {
+        int hi = hexval(text[i]), lo = hexval(text[i + 1]);
+        if (hi < 0 || lo < 0)
+            continue;
+        boot_id[k++] = (uint8_t)(hi << 4 | lo);
+        i++;
+    }
+    if (k != LLMDD_BOOT_ID_LEN) {
+        /* Unknown kernel: a random id, so no peer ever looks same-host. */
+        log_warn("cannot read the kernel boot id; same-host transports off");
+        llmdd__random(boot_id, sizeof(boot_id));
+    }
+}
+
+const uint8_t *
+llmdd__boot_id(void)
+{
+    pthread_once(&boot_once, boot_id_read);
+    return boot_id;
+}
+
+int
+llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms)
+{
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fd, .events = events},
+                              {.fd = dd->stop_fd, .events = POLLIN}};
+        int64_t left = deadline_ms - llmdd__now_ms();
+        if (left <= 0)
+            return 0;
+        int n = poll(p, dd->stop_fd >= 0 ? 2 : 1,
+                     left > 60000 ? 60000 : (int)left);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            continue;
+        if (dd->stop_fd >= 0 && p[1].revents != 0)
+            return -1;
+        if (p[0].revents & (events | POLLERR | POLLHUP | POLLNVAL))
+            return 1;
+    }
+}
+
+int
+llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len, int64_t deadline_ms)
+{
+    uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return -1;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (llmdd__wait_fd(dd, fd, POLLIN, deadline_ms) != 1)
+            return -1;
+    }
+    return 0;
+}
+
+int
+llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
+                  int64_t deadline_ms)
+{
+    const uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (llmdd__wait_fd(dd, fd, POLLOUT, deadline_ms) != 1)
+            return -1;
+    }
+    return 0;
+}
+
+struct spawn_arg {
+    llmdd *dd;
+    void *(*fn)(void *);
+    void *arg;
+};
+
+static void *
+spawn_main(void *p)
+{
+    struct spawn_arg a = *(struct spawn_arg *)p;
+
+    free(p);
+    a.fn(a.arg);
+    pthread_mutex_lock(&a.dd->lock);
+    a.dd->nthreads--;
+    pthread_cond_broadcast(&a.dd->cond);
+    pthread_mutex_unlock(&a.dd->lock);
+    return NULL;
+}
+
+int
+llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg)
+{
+    struct spawn_arg *a = malloc(sizeof(*a));
+    pthread_attr_t attr;
+    pthread_t t;
+    int rc;
+
+    if (a == NULL)
+        return -1;
+    a->dd = dd;
+    a->fn = fn;
+    a->arg = arg;
+    pthread_mutex_lock(&dd->lock);
+    dd->nthreads++;
+    pthread_mutex_unlock(&dd->lock);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 1024 * 1024);
+    rc = pthread_create(&t, &attr, spawn_main, a);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        free(a);
+        pthread_mutex_lock(&dd->lock);
+        dd->nthreads--;
+        pthread_cond_broadcast(&dd->cond);
+        pthread_mutex_unlock(&dd->lock);
+        log_error("pthread_create: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}

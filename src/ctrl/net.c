@@ -1,0 +1,116 @@
+#include "ctrl/net.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int
+llmdd__send_msg(llmdd *dd, int fd, uint16_t type, const void *payload,
+                size_t len, int64_t deadline_ms)
+{
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)payload, len}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len > 0 ? 2 : 1};
+
+    llmdd__wire_frame_encode(hdr, type, (uint32_t)len);
+    /* Small messages nearly always go in one call; finish by hand if not. */
+    ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        n = 0;
+    }
+    size_t sent = (size_t)n;
+    if (sent < sizeof(hdr)) {
+        if (llmdd__write_full(dd, fd, hdr + sent, sizeof(hdr) - sent,
+                              deadline_ms) != 0)
+            return -1;
+        sent = sizeof(hdr);
+    }
+    sent -= sizeof(hdr);
+    if (sent < len)
+        return llmdd__write_full(dd, fd, (const uint8_t *)payload + sent,
+                                 len - sent, deadline_ms);
+    return 0;
+}
+
+int
+llmdd__recv_msg(llmdd *dd, int fd, uint16_t *type, uint8_t *buf, size_t cap,
+                size_t *len, int64_t deadline_ms, bool *timed_out)
+{
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    llmdd__frame f;
+
+    *timed_out = false;
+    if (llmdd__read_full(dd, fd, hdr, sizeof(hdr), deadline_ms) != 0)
+        goto err;
+    if (llmdd__wire_frame_decode(hdr, &f) != 0 || f.len > cap)
+        return -1;
+    if (llmdd__read_full(dd, fd, buf, f.len, deadline_ms) != 0)
+        goto err;
+    *type = f.type;
+    *len = f.len;
+    return 0;
+err:
+    *timed_out = llmdd__now_ms() >= deadline_ms;
+    return -1;
+}
+
+void
+llmdd__sock_tune(int fd, bool keepalive)
+{
+    int one = 1;
+
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (keepalive) {
+        int idle = 5, intvl = 2, cnt = 3;
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    }
+}
+
+int
+llmdd__connect(llmdd *dd, const llmdd__sockaddr *addr, int64_t deadline_ms,
+               llmdd_status *status)
+{
+    char name[80];
+    int fd, err = 0;
+    socklen_t elen = sizeof(err);
+
+    llmdd__sockaddr_str(addr, name, sizeof(name));
+    fd = socket(addr->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                0);
+    if (fd < 0) {
+        log_error("socket: %s", strerror(errno));
+        *status = LLM_LINK_FAILED;
+        return -1;
+    }
+    if (connect(fd, (const struct sockaddr *)&addr->addr, addr->len) == 0)
+        return fd;
+    if (errno != EINPROGRESS) {
+        err = errno;
+        goto fail;
+    }
+    int w = llmdd__wait_fd(dd, fd, POLLOUT, deadline_ms);
+    if (w == 0) {
+        log_error("connect to %s: timed out", name);
+        close(fd);
+        *status = LLM_TIMEOUT;
+        return -1;
+    }
+    if (w < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
+        err != 0)
+        goto fail;
+    return fd;
+fail:
+    log_error("connect to %s: %s", name, strerror(err ? err : ECONNABORTED));
+    close(fd);
+    *status = LLM_LINK_FAILED;
+    return -1;
+}

@@ -1,0 +1,145 @@
+/*
+ * The wire protocol (docs/protocol.md): every message is a 12-byte frame
+ * header (magic, version, type, payload length; little-endian) and a payload
+ * whose fields are encoded one by one. Decoders take untrusted bytes and check
+ * every length against the bytes present and against a hard limit; they are
+ * pure functions over their arguments, thread-safe, and fuzzed.
+ */
+#ifndef LLMDD_CTRL_WIRE_H
+#define LLMDD_CTRL_WIRE_H
+
+#include <llmdd/llmdd.h>
+
+#define LLMDD_WIRE_MAGIC 0x44444c4cu /* "LLDD" on the wire */
+#define LLMDD_WIRE_VERSION 1
+#define LLMDD_WIRE_HDR_LEN 12
+#define LLMDD_WIRE_MAX_PAYLOAD (1u << 20)
+/* Runs in one READ or WRITE request: keeps a request under the payload cap. */
+#define LLMDD_WIRE_MAX_RUNS 65536u
+#define LLMDD_WIRE_MAC_LEN 32
+#define LLMDD_WIRE_NONCE_LEN 16
+#define LLMDD_WIRE_NAME_MAX 15
+
+enum llmdd__msg_type {
+    WMSG_HELLO = 1,
+    WMSG_HELLO_REPLY = 2,
+    WMSG_CONFIRM = 3,
+    WMSG_RESULT = 4,
+    WMSG_DATA_REPLY = 5,
+    WMSG_UNLINK = 10,
+    WMSG_UNLINK_ACK = 11,
+    WMSG_QUERY = 20,
+    WMSG_QUERY_REPLY = 21,
+    WMSG_READ = 22,
+    WMSG_READ_REPLY = 23,
+    WMSG_WRITE = 24,
+    WMSG_WRITE_REPLY = 25,
+    WMSG_TYPE_MAX = 64,
+};
+
+enum llmdd__conn_kind { CONN_CTRL = 1, CONN_DATA = 2 };
+
+typedef struct {
+    uint16_t type;
+    uint32_t len;
+} llmdd__frame;
+
+/* Decodes a frame header: magic, version, a known type, len <= the cap. */
+int llmdd__wire_frame_decode(const uint8_t *buf, llmdd__frame *out);
+void llmdd__wire_frame_encode(uint8_t *buf, uint16_t type, uint32_t len);
+
+typedef struct {
+    uint8_t kind; /* enum llmdd__conn_kind */
+    /* CONN_CTRL */
+    uint64_t cluster_id;
+    uint32_t role;
+    uint32_t pid;
+    uint8_t boot_id[16];
+    uint64_t nonce;
+    uint8_t auth;
+    uint8_t cnonce[LLMDD_WIRE_NONCE_LEN];
+    char transport[LLMDD_WIRE_NAME_MAX + 1];
+    /* CONN_DATA */
+    uint8_t token[16];
+    uint32_t flags;
+} llmdd__hello;
+
+typedef struct {
+    uint32_t status;
+    uint64_t cluster_id;
+    uint32_t role;
+    uint32_t pid;
+    uint8_t boot_id[16];
+    uint64_t nonce;
+    uint8_t auth;
+    uint8_t snonce[LLMDD_WIRE_NONCE_LEN];
+    uint8_t mac[LLMDD_WIRE_MAC_LEN];
+    char transport[LLMDD_WIRE_NAME_MAX + 1];
+} llmdd__hello_reply;
+
+typedef struct {
+    char transport[LLMDD_WIRE_NAME_MAX + 1];
+    uint8_t mac[LLMDD_WIRE_MAC_LEN];
+} llmdd__confirm;
+
+typedef struct {
+    uint32_t status;
+    uint8_t token[16];
+} llmdd__result;
+
+/* READ and WRITE requests; runs point into the decoded buffer's copy. */
+typedef struct {
+    int64_t cache_id;
+    uint32_t first;
+    uint32_t count;
+    uint32_t nruns;
+    uint64_t *offs; /* nruns entries, caller-provided */
+    uint64_t *lens;
+    uint64_t total; /* count * sum(lens), checked for overflow */
+} llmdd__rw_req;
+
+/* Encoders return the payload length, or 0 when buf (cap bytes) is short. */
+size_t llmdd__wire_hello_encode(const llmdd__hello *m, uint8_t *buf,
+                                size_t cap);
+int llmdd__wire_hello_decode(const uint8_t *buf, size_t len,
+                             llmdd__hello *out);
+size_t llmdd__wire_hello_reply_encode(const llmdd__hello_reply *m,
+                                      uint8_t *buf, size_t cap);
+int llmdd__wire_hello_reply_decode(const uint8_t *buf, size_t len,
+                                   llmdd__hello_reply *out);
+size_t llmdd__wire_confirm_encode(const llmdd__confirm *m, uint8_t *buf,
+                                  size_t cap);
+int llmdd__wire_confirm_decode(const uint8_t *buf, size_t len,
+                               llmdd__confirm *out);
+size_t llmdd__wire_result_encode(const llmdd__result *m, uint8_t *buf,
+                                 size_t cap);
+int llmdd__wire_result_decode(const uint8_t *buf, size_t len,
+                              llmdd__result *out);
+
+size_t llmdd__wire_u32_encode(uint32_t v, uint8_t *buf, size_t cap);
+int llmdd__wire_u32_decode(const uint8_t *buf, size_t len, uint32_t *out);
+size_t llmdd__wire_i64_encode(int64_t v, uint8_t *buf, size_t cap);
+int llmdd__wire_i64_decode(const uint8_t *buf, size_t len, int64_t *out);
+
+/* QUERY_REPLY: status, then the desc when status is LLM_SUCCESS. */
+size_t llmdd__wire_desc_encode(uint32_t status, const llmdd_cache_desc *d,
+                               uint8_t *buf, size_t cap);
+int llmdd__wire_desc_decode(const uint8_t *buf, size_t len, uint32_t *status,
+                            llmdd_cache_desc *out);
+
+/* READ_REPLY: status and the number of data bytes that follow. */
+size_t llmdd__wire_read_reply_encode(uint32_t status, uint64_t total,
+                                     uint8_t *buf, size_t cap);
+int llmdd__wire_read_reply_decode(const uint8_t *buf, size_t len,
+                                  uint32_t *status, uint64_t *total);
+
+size_t llmdd__wire_rw_encode(const llmdd__rw_req *m, uint8_t *buf,
+                             size_t cap);
+/*
+ * Decodes a request into *out; out->offs and out->lens must have room for
+ * LLMDD_WIRE_MAX_RUNS entries. Rejects nruns of 0 or above the cap, count of
+ * 0, and a total that overflows.
+ */
+int llmdd__wire_rw_decode(const uint8_t *buf, size_t len, llmdd__rw_req *out);
+
+#endif

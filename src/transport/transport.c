@@ -1,0 +1,45 @@
+/* The transport registry, in "auto" preference order. */
+#include <string.h>
+
+#include "transport/transport.h"
+
+extern const llmdd_transport_ops llmdd__loop_ops;
+extern const llmdd_transport_ops llmdd__tcp_ops;
+
+static const llmdd_transport_ops *const transports[] = {
+    &llmdd__loop_ops,
+    &llmdd__tcp_ops,
+};
+
+/* Every name llm.Transport accepts, built in or not. */
+static const char *const known[] = {"loop", "shm", "tcp", "ucx"};
+
+const llmdd_transport_ops *
+llmdd__transport_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++)
+        if (strcmp(transports[i]->name, name) == 0)
+            return transports[i];
+    return NULL;
+}
+
+bool
+llmdd__transport_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strcmp(known[i], name) == 0)
+            return true;
+    return false;
+}
+
+size_t
+llmdd__transport_count(void)
+{
+    return sizeof(transports) / sizeof(transports[0]);
+}
+
+const llmdd_transport_ops *
+llmdd__transport_at(size_t i)
+{
+    return transports[i];
+}

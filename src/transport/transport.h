@@ -1,0 +1,111 @@
+/*
+ * The transport contract. A transport moves bytes between a local process's
+ * memory and a peer's registered caches, for one link. The core plans every
+ * transfer (validation, layer mapping, block runs) and hands the transport a
+ * finished llmdd__xfer; the transport never validates user arguments, but it
+ * never touches remote memory outside the cache the peer names, and the
+ * serving side bounds-checks every request against its own registry.
+ *
+ * A transport is a static const ops table registered in transport.c; the
+ * core never names one. Every op may be called from several threads at once
+ * for the same link unless its comment says otherwise.
+ */
+#ifndef LLMDD_TRANSPORT_TRANSPORT_H
+#define LLMDD_TRANSPORT_TRANSPORT_H
+
+#include <llmdd/llmdd.h>
+
+struct llmdd__link;
+struct llmdd__peer;
+
+/* What a link knows of one of the peer's caches. */
+typedef struct llmdd__remote_cache {
+    int64_t id;
+    llmdd_cache_desc desc;
+    uint64_t tensor_size;
+    uint64_t stride;
+    void *priv; /* the transport's, released by ops->remote_free */
+    int refs;   /* the link's bookkeeping; guarded by the link */
+    bool gone;
+} llmdd__remote_cache;
+
+/* A byte run inside each selected tensor. */
+typedef struct {
+    uint64_t remote_off;
+    uint64_t local_off;
+    uint64_t len;
+} llmdd__xrun;
+
+/*
+ * One planned transfer: `count` tensor pairs (remote tensor remote_first + i
+ * with local tensor base local[i]) times `nruns` runs. Runs apply in order,
+ * tensor by tensor. Every offset and length is already checked against both
+ * caches.
+ */
+typedef struct {
+    bool write; /* push: local -> remote; pull otherwise */
+    const llmdd__remote_cache *remote;
+    uint32_t remote_first;
+    uint32_t count;
+    uint8_t *const *local;
+    const llmdd__xrun *runs;
+    size_t nruns;
+    int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
+} llmdd__xfer;
+
+typedef struct llmdd_transport_ops {
+    const char *name;
+
+    /*
+     * Whether the transport can reach this peer at all (same process, same
+     * kernel, a fabric). Used by "auto" in preference order and to refuse a
+     * forced transport that cannot work.
+     */
+    bool (*reaches)(const struct llmdd__link *link);
+
+    /*
+     * Sets up the transport's side of a new link (link->tp). `client` is
+     * true on the side that called llmdd_link_clusters. Called once, after
+     * the handshake agreed on this transport, before the link is visible.
+     */
+    llmdd_status (*link_init)(struct llmdd__link *link, bool client);
+
+    /*
+     * Wakes every thread blocked on this link so it fails promptly. The link
+     * may still be in use; nothing is freed. Idempotent.
+     */
+    void (*link_shutdown)(struct llmdd__link *link);
+
+    /* Frees link->tp. Called once, when nothing uses the link any more. */
+    void (*link_fini)(struct llmdd__link *link);
+
+    /*
+     * A data connection for this link reached our listener. Takes ownership
+     * of fd. May run long (it may serve the connection) in the calling,
+     * counted thread. NULL when the transport has no data connections.
+     */
+    void (*accept_conn)(struct llmdd__link *link, int fd, uint32_t flags);
+
+    /*
+     * Asks the peer to describe its cache `id`. LLM_KV_CACHE_NOT_EXIST when
+     * the peer has no such cache.
+     */
+    llmdd_status (*query)(struct llmdd__link *link, int64_t id,
+                          int64_t deadline_ms, llmdd__remote_cache *out);
+    void (*remote_free)(llmdd__remote_cache *rc);
+
+    /*
+     * Moves the bytes. Returns only when no byte of the transfer will be
+     * written any more, into local or remote memory, even on LLM_TIMEOUT.
+     * LLM_KV_CACHE_NOT_EXIST when the peer no longer has the cache.
+     */
+    llmdd_status (*xfer)(struct llmdd__link *link, const llmdd__xfer *x);
+} llmdd_transport_ops;
+
+/* The registry: transports in "auto" preference order. */
+const llmdd_transport_ops *llmdd__transport_find(const char *name);
+bool llmdd__transport_known(const char *name);
+size_t llmdd__transport_count(void);
+const llmdd_transport_ops *llmdd__transport_at(size_t i);
+
+#endif
