@@ -217,6 +217,14 @@ LLMDD_API llmdd_status llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src,
 LLMDD_API const char *llmdd_status_str(llmdd_status s); /* never NULL */
 LLMDD_API const char *llmdd_version(void);
 
+/*
+ * Additions to the reference API.
+ * llmdd_transport_list: the transports built into this library, in the order
+ * llm.Transport=auto prefers them, comma-separated ("loop,shm,tcp").
+ * Whether one can reach a given peer is decided when linking.
+ */
+LLMDD_API const char *llmdd_transport_list(void);
+
 #ifdef __cplusplus
 }
 #endif

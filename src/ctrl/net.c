@@ -114,3 +114,37 @@ fail:
     *status = LLM_LINK_FAILED;
     return -1;
 }
+
+int
+llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
+{
+    llmdd *dd = link->dd;
+    llmdd__hello h = {.kind = CONN_DATA, .flags = flags};
+    uint8_t buf[64];
+    llmdd_status st;
+    uint16_t type;
+    uint32_t status;
+    size_t len;
+    bool to;
+    int fd;
+
+    fd = llmdd__connect(dd, &link->peer.addr, deadline, &st);
+    if (fd < 0)
+        return -1;
+    llmdd__sock_tune(fd, false);
+    memcpy(h.token, link->token, sizeof(h.token));
+    len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
+    if (llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
+        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
+                        &to) != 0 ||
+        type != WMSG_DATA_REPLY ||
+        llmdd__wire_u32_decode(buf, len, &status) != 0 ||
+        status != LLM_SUCCESS) {
+        log_error("data connection to cluster %llu refused",
+                  (unsigned long long)link->peer.cluster_id);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+

@@ -32,4 +32,13 @@ int llmdd__connect(llmdd *dd, const llmdd__sockaddr *addr,
 /* TCP_NODELAY and, for control sockets, keepalive so a dead host shows. */
 void llmdd__sock_tune(int fd, bool keepalive);
 
+/*
+ * Opens a data connection for `link` to the peer's listener (client side):
+ * a HELLO of kind CONN_DATA with the link token and the transport's flags,
+ * answered by DATA_REPLY. The listener hands the connection to the link's
+ * transport (ops->accept_conn). Returns the fd or -1.
+ */
+int llmdd__data_connect(llmdd__link *link, uint32_t flags,
+                        int64_t deadline);
+
 #endif

@@ -15,7 +15,7 @@
 #define LLMDD_WIRE_HDR_LEN 12
 #define LLMDD_WIRE_MAX_PAYLOAD (1u << 20)
 /* Runs in one READ or WRITE request: keeps a request under the payload cap. */
-#define LLMDD_WIRE_MAX_RUNS 65536u
+#define LLMDD_WIRE_MAX_RUNS ((LLMDD_WIRE_MAX_PAYLOAD - 64) / 16)
 #define LLMDD_WIRE_MAC_LEN 32
 #define LLMDD_WIRE_NONCE_LEN 16
 #define LLMDD_WIRE_NAME_MAX 15

@@ -1,13 +1,23 @@
 /* The transport registry, in "auto" preference order. */
 #include <string.h>
 
+#include <llmdd/llmdd.h>
+
 #include "transport/transport.h"
 
 extern const llmdd_transport_ops llmdd__loop_ops;
+extern const llmdd_transport_ops llmdd__shm_ops;
+extern const llmdd_transport_ops llmdd__ucx_ops;
 extern const llmdd_transport_ops llmdd__tcp_ops;
 
 static const llmdd_transport_ops *const transports[] = {
     &llmdd__loop_ops,
+#ifdef LLMDD_HAVE_SHM
+    &llmdd__shm_ops,
+#endif
+#ifdef LLMDD_HAVE_UCX
+    &llmdd__ucx_ops,
+#endif
     &llmdd__tcp_ops,
 };
 
@@ -42,4 +52,18 @@ const llmdd_transport_ops *
 llmdd__transport_at(size_t i)
 {
     return transports[i];
+}
+
+const char *
+llmdd_transport_list(void)
+{
+    static const char list[] = "loop"
+#ifdef LLMDD_HAVE_SHM
+                               ",shm"
+#endif
+#ifdef LLMDD_HAVE_UCX
+                               ",ucx"
+#endif
+                               ",tcp";
+    return list;
 }

@@ -308,39 +308,6 @@ pool_put_idle(tcp_link *tl, int fd)
     pthread_mutex_unlock(&tl->lock);
 }
 
-static int
-conn_open(llmdd__link *link, uint32_t flags, int64_t deadline)
-{
-    llmdd *dd = link->dd;
-    llmdd__hello h = {.kind = CONN_DATA, .flags = flags};
-    uint8_t buf[64];
-    llmdd_status st;
-    uint16_t type;
-    uint32_t status;
-    size_t len;
-    bool to;
-    int fd;
-
-    fd = llmdd__connect(dd, &link->peer.addr, deadline, &st);
-    if (fd < 0)
-        return -1;
-    llmdd__sock_tune(fd, false);
-    memcpy(h.token, link->token, sizeof(h.token));
-    len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
-        type != WMSG_DATA_REPLY ||
-        llmdd__wire_u32_decode(buf, len, &status) != 0 ||
-        status != LLM_SUCCESS) {
-        log_error("data connection to cluster %llu refused",
-                  (unsigned long long)link->peer.cluster_id);
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /*
  * Takes an idle requester connection, opening one (client side) when the
  * pool is short. Returns the fd or -1 with *st set.
@@ -364,7 +331,7 @@ pool_take(llmdd__link *link, int64_t deadline, llmdd_status *st)
         if (link->client && tl->nconns < TCP_FWD_CONNS) {
             tl->nconns++;
             pthread_mutex_unlock(&tl->lock);
-            fd = conn_open(link, 0, deadline);
+            fd = llmdd__data_connect(link, 0, deadline);
             pthread_mutex_lock(&tl->lock);
             if (fd < 0) {
                 tl->nconns--;
@@ -591,14 +558,14 @@ tcp_link_init(llmdd__link *link, bool client)
 
     /* FWD connections for our requests; REV ones we serve for the peer. */
     for (int i = 0; i < TCP_FWD_CONNS; i++) {
-        int fd = conn_open(link, 0, link->deadline_ms);
+        int fd = llmdd__data_connect(link, 0, link->deadline_ms);
         if (fd < 0)
             return LLM_LINK_FAILED;
         tl->nconns++;
         tl->idle[tl->nidle++] = fd;
     }
     for (int i = 0; i < TCP_REV_CONNS; i++) {
-        int fd = conn_open(link, TCP_FLAG_REV, link->deadline_ms);
+        int fd = llmdd__data_connect(link, TCP_FLAG_REV, link->deadline_ms);
         struct serve_arg *a = fd < 0 ? NULL : malloc(sizeof(*a));
         if (a == NULL) {
             if (fd >= 0)

@@ -1,0 +1,566 @@
+/*
+ * The transport conformance suite: every pull and push shape of MODEL.md
+ * against one transport, checked byte for byte against a model of every
+ * cache on both sides, including the bytes that must not change.
+ *
+ *   conformance_test <transport> inproc|proc
+ *
+ * inproc: the peer instance lives in this process; proc: the peer is a
+ * peer_helper process. The remote caches are read back with a full pull of
+ * all blocks and compared with the model after every test.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness/harness.h"
+
+#define NT 8
+#define PEER 1
+#define SELF 2
+
+typedef struct {
+    llmdd_cache_desc desc;
+    uint64_t size, stride;
+    uint8_t *t[NT];
+} shadow;
+
+static const char *transport;
+static bool proc_mode;
+static th_proc proc;
+static llmdd *peer, *dd;
+static th_peer_caches ids;
+static uint16_t port;
+
+/* Remote caches and their models. */
+static shadow r_kv, r_reg, r_blocks, r_small;
+/* Local caches, their models, and scratch caches for read-back. */
+static llmdd_cache l_kv, l_blocks, l_small, s_kv, s_blocks, s_small;
+static shadow m_kv, m_blocks, m_small;
+
+static void
+shadow_init(shadow *s, llmdd_cache_desc d, uint32_t seed)
+{
+    s->desc = d;
+    s->size = th_tensor_size(&d);
+    s->stride = s->size / (uint64_t)d.shape[0];
+    for (int t = 0; t < NT; t++) {
+        s->t[t] = malloc(s->size);
+        assert_non_null(s->t[t]);
+        th_fill_buf(s->t[t], s->size, seed, (uint32_t)t);
+    }
+}
+
+static void
+shadow_free(shadow *s)
+{
+    for (int t = 0; t < NT; t++)
+        free(s->t[t]);
+}
+
+static void
+local_new(llmdd_cache *c, shadow *m, llmdd_cache_desc d, uint32_t seed)
+{
+    assert_int_equal(llmdd_allocate_cache(dd, &d, c), LLM_SUCCESS);
+    th_fill(c, seed);
+    if (m != NULL)
+        shadow_init(m, d, seed);
+}
+
+static void
+verify_local(const llmdd_cache *c, const shadow *m)
+{
+    for (int t = 0; t < NT; t++) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)c->tensor_addrs[t];
+        for (uint64_t i = 0; i < m->size; i++)
+            if (p[i] != m->t[t][i])
+                fail_msg("local cache %lld tensor %d byte %llu: %u != %u",
+                         (long long)c->cache_id, t, (unsigned long long)i,
+                         p[i], m->t[t][i]);
+    }
+}
+
+/* Reads the whole remote cache back into scratch and compares. */
+static void
+verify_remote(int64_t id, const shadow *m, const llmdd_cache *scratch)
+{
+    uint64_t n = (uint64_t)m->desc.shape[0];
+    uint64_t *blocks = malloc(n * sizeof(*blocks));
+    llmdd_cache_index idx = {PEER, id, 0};
+
+    for (uint64_t i = 0; i < n; i++)
+        blocks[i] = i;
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &idx, scratch, blocks, blocks, n, NULL),
+        LLM_SUCCESS);
+    free(blocks);
+    verify_local(scratch, m);
+}
+
+static void
+verify_all(void)
+{
+    verify_local(&l_kv, &m_kv);
+    verify_local(&l_blocks, &m_blocks);
+    verify_local(&l_small, &m_small);
+    verify_remote(ids.kv, &r_kv, &s_kv);
+    verify_remote(ids.reg, &r_reg, &s_kv);
+    verify_remote(ids.blocks, &r_blocks, &s_blocks);
+    verify_remote(ids.small, &r_small, &s_small);
+}
+
+/* Model of a transfer: tensors [sf, sf+count) -> [df, df+count). */
+static void
+model_copy(shadow *dst, const shadow *src, uint32_t df, uint32_t sf,
+           uint32_t count, uint64_t doff, uint64_t soff, uint64_t len)
+{
+    for (uint32_t i = 0; i < count; i++)
+        memmove(dst->t[df + i] + doff, src->t[sf + i] + soff, len);
+}
+
+static void
+model_blocks(shadow *dst, const shadow *src, uint32_t df, uint32_t sf,
+             uint32_t count, const uint64_t *sb, const uint64_t *db, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        model_copy(dst, src, df, sf, count, db[k] * dst->stride,
+                   sb[k] * src->stride, src->stride);
+}
+
+static int
+setup(void **state)
+{
+    (void)state;
+    if (llmdd_create(SELF, LLMDD_ROLE_MIX, &dd) != LLM_SUCCESS)
+        return -1;
+    llmdd_option o = {"llm.Transport", transport};
+    if (proc_mode) {
+        const char *args[] = {"--cluster", "1", "--transport", transport, NULL};
+        if (th_proc_start(&proc, NULL, args) != 0)
+            return -1;
+        port = proc.port;
+        ids = proc.ids;
+    } else {
+        if (llmdd_create(PEER, LLMDD_ROLE_MIX, &peer) != LLM_SUCCESS ||
+            th_init_listen(peer, "127.0.0.1", &port, &o, 1) != LLM_SUCCESS ||
+            th_peer_setup(peer, &ids) != 0)
+            return -1;
+    }
+    if (llmdd_initialize(dd, &o, 1) != LLM_SUCCESS)
+        return -1;
+    if (th_link(dd, PEER, "127.0.0.1", port, 5000) != LLM_SUCCESS)
+        return -1;
+    shadow_init(&r_kv, th_desc_kv(), 1);
+    shadow_init(&r_reg, th_desc_kv(), 2);
+    shadow_init(&r_blocks, th_desc_blocks(), 3);
+    shadow_init(&r_small, th_desc_small(), 4);
+    local_new(&l_kv, &m_kv, th_desc_kv(), 101);
+    local_new(&l_blocks, &m_blocks, th_desc_blocks(), 102);
+    local_new(&l_small, &m_small, th_desc_small(), 103);
+    local_new(&s_kv, NULL, th_desc_kv(), 0);
+    local_new(&s_blocks, NULL, th_desc_blocks(), 0);
+    local_new(&s_small, NULL, th_desc_small(), 0);
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    (void)state;
+    llmdd_destroy(dd);
+    if (proc_mode) {
+        th_proc_stop(&proc);
+    } else {
+        th_peer_teardown(peer, &ids);
+        llmdd_destroy(peer);
+    }
+    shadow *all[] = {&r_kv, &r_reg, &r_blocks, &r_small,
+                     &m_kv, &m_blocks, &m_small};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        shadow_free(all[i]);
+    return 0;
+}
+
+static void
+test_initial_state(void **state)
+{
+    (void)state;
+    verify_all();
+}
+
+static void
+test_pull_full_slot(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 2};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &l_kv, 1, -1, NULL),
+                     LLM_SUCCESS);
+    model_copy(&m_kv, &r_kv, 0, 0, NT, 1 * 1024, 2 * 1024, 1024);
+    verify_all();
+}
+
+static void
+test_pull_partial_size(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 3};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &l_kv, 0, 100, NULL),
+                     LLM_SUCCESS);
+    model_copy(&m_kv, &r_kv, 0, 0, NT, 0, 3 * 1024, 100);
+    verify_all();
+}
+
+static void
+test_pull_layer_range(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.reg, 0};
+    llmdd_kv_ext_param ext = {{1, 2}, {2, 3}, 2};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &l_kv, 3, -1, &ext),
+                     LLM_SUCCESS);
+    model_copy(&m_kv, &r_reg, 4, 2, 4, 3 * 1024, 0, 1024);
+    verify_all();
+}
+
+static void
+test_pull_registered(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.reg, 1};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &l_kv, 2, -1, NULL),
+                     LLM_SUCCESS);
+    model_copy(&m_kv, &r_reg, 0, 0, NT, 2 * 1024, 1024, 1024);
+    verify_all();
+}
+
+static void
+test_pull_smaller_stride(void **state)
+{
+    /* A remote slot larger than the local one: size = local stride. */
+    llmdd_cache_index idx = {PEER, ids.kv, 1};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &l_small, 2, -1, NULL),
+                     LLM_SUCCESS);
+    model_copy(&m_small, &r_kv, 0, 0, NT, 2 * 512, 1024, 512);
+    verify_all();
+}
+
+static void
+test_pull_blocks_scattered(void **state)
+{
+    /* A contiguous run, an unsorted tail and a repeated source block. */
+    uint64_t sb[] = {5, 6, 7, 0, 63, 5, 40};
+    uint64_t db[] = {10, 11, 12, 40, 0, 1, 2};
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 7,
+                                          NULL),
+                     LLM_SUCCESS);
+    model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, 7);
+    verify_all();
+}
+
+static void
+test_pull_blocks_duplicate_dst(void **state)
+{
+    uint64_t sb[] = {20, 21};
+    uint64_t db[] = {30, 30};
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 2,
+                                          NULL),
+                     LLM_SUCCESS);
+    model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, 2);
+    verify_all();
+}
+
+static void
+test_pull_blocks_layer_range(void **state)
+{
+    uint64_t sb[] = {1, 2, 3, 9};
+    uint64_t db[] = {50, 51, 52, 60};
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+    llmdd_kv_ext_param ext = {{0, 0}, {3, 3}, 2};
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 4,
+                                          &ext),
+                     LLM_SUCCESS);
+    model_blocks(&m_blocks, &r_blocks, 6, 0, 2, sb, db, 4);
+    verify_all();
+}
+
+static void
+test_pull_blocks_many_runs(void **state)
+{
+    /* More runs than one wire request carries: every other block of a
+     * 140000-block cache, in reverse order. */
+    char reply[64];
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {140000, 8}};
+    llmdd_cache local;
+    int64_t rid;
+    size_t n = 70000;
+
+    (void)state;
+    if (proc_mode) {
+        assert_int_equal(th_proc_cmd(&proc, "alloc-blocks 140000 8 7", reply,
+                                     sizeof(reply)),
+                         0);
+        rid = atoll(reply + 3);
+    } else {
+        llmdd_cache c;
+        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+        th_fill(&c, 7);
+        rid = c.cache_id;
+    }
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
+    uint64_t *sb = malloc(n * sizeof(*sb)), *db = malloc(n * sizeof(*db));
+    for (size_t k = 0; k < n; k++) {
+        sb[k] = 2 * (n - 1 - k);
+        db[k] = 2 * k + 1;
+    }
+    llmdd_cache_index idx = {PEER, rid, 0};
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, sb, db, n, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t t = 0; t < 2; t++) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)local.tensor_addrs[t];
+        for (size_t k = 0; k < n; k++)
+            for (int i = 0; i < 8; i++)
+                assert_int_equal(p[db[k] * 8 + (uint64_t)i],
+                                 th_byte(7, t, sb[k] * 8 + (uint64_t)i));
+        for (size_t k = 0; k < n; k++)
+            for (int i = 0; i < 8; i++)
+                assert_int_equal(p[2 * k * 8 + (uint64_t)i], 0);
+    }
+    free(sb);
+    free(db);
+    assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
+}
+
+static void
+test_push_slot(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 0};
+
+    (void)state;
+    assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &idx, 2, -1, NULL),
+                     LLM_SUCCESS);
+    model_copy(&r_kv, &m_kv, 0, 0, NT, 0, 2 * 1024, 1024);
+    verify_all();
+}
+
+static void
+test_push_layers_and_size(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.reg, 3};
+    llmdd_kv_ext_param ext = {{3, 3}, {0, 0}, 2};
+
+    (void)state;
+    assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &idx, 1, 300, &ext),
+                     LLM_SUCCESS);
+    model_copy(&r_reg, &m_kv, 0, 6, 2, 3 * 1024, 1024, 300);
+    verify_all();
+}
+
+static void
+test_push_blocks(void **state)
+{
+    uint64_t sb[] = {0, 1, 2, 3, 17, 4};
+    uint64_t db[] = {60, 61, 62, 63, 0, 0};
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &idx, sb, db, 6,
+                                          NULL),
+                     LLM_SUCCESS);
+    model_blocks(&r_blocks, &m_blocks, 0, 0, NT, sb, db, 6);
+    verify_all();
+}
+
+static void
+test_rejected_calls_change_nothing(void **state)
+{
+    uint64_t b1[] = {1}, b_out[] = {64}, b2[] = {2};
+    llmdd_cache_index kv = {PEER, ids.kv, 0};
+    llmdd_cache_index kv_bad_bi = {PEER, ids.kv, 4};
+    llmdd_cache_index gone = {PEER, 999999, 0};
+    llmdd_cache_index unlinked = {77, ids.kv, 0};
+    llmdd_cache_index own = {SELF, ids.kv, 0};
+    llmdd_cache_index small = {PEER, ids.small, 0};
+    llmdd_cache_index blocks = {PEER, ids.blocks, 0};
+    llmdd_cache_index blocks_bi = {PEER, ids.blocks, 1};
+    llmdd_kv_ext_param bad_layer = {{0, 4}, {0, 4}, 2};
+    llmdd_kv_ext_param width = {{0, 1}, {0, 0}, 2};
+    llmdd_cache ghost = l_kv;
+
+    (void)state;
+    ghost.cache_id = 424242;
+    assert_int_equal(llmdd_pull_kv_cache(dd, &gone, &l_kv, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv_bad_bi, &l_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &unlinked, &l_kv, 0, -1, NULL),
+                     LLM_NOT_YET_LINK);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &own, &l_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &ghost, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    /* The remote slot (512) is smaller than the local one (1024). */
+    assert_int_equal(llmdd_pull_kv_cache(dd, &small, &l_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &small, &l_kv, 0, 513, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 0, 0, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 0, -2, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 4, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 0, -1, &bad_layer),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 0, -1, &width),
+                     LLM_PARAM_INVALID);
+    /* Blocks: stride mismatch, out of range, batch index, empty list. */
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &kv, &l_blocks, b1, b1, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b_out, b1,
+                                          1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b_out,
+                                          1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks_bi, &l_blocks, b1, b2,
+                                          1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b2, 0,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    /* Pushes: the same checks on the other side. */
+    assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &gone, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &small, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &blocks, b1, b_out,
+                                          1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &kv, b1, b1, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    verify_all();
+}
+
+static void
+test_cache_made_after_link(void **state)
+{
+    char reply[64];
+    int64_t id;
+
+    (void)state;
+    if (proc_mode) {
+        assert_int_equal(th_proc_cmd(&proc, "alloc 9", reply, sizeof(reply)),
+                         0);
+        id = atoll(reply + 3);
+    } else {
+        llmdd_cache c;
+        llmdd_cache_desc d = th_desc_kv();
+        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+        th_fill(&c, 9);
+        id = c.cache_id;
+    }
+    shadow m;
+    shadow_init(&m, th_desc_kv(), 9);
+    verify_remote(id, &m, &s_kv);
+    shadow_free(&m);
+
+    /* Once the owner deallocates it, it can be neither read nor written,
+     * although this side has seen it. */
+    if (proc_mode) {
+        snprintf(reply, sizeof(reply), "dealloc %lld", (long long)id);
+        assert_int_equal(th_proc_cmd(&proc, reply, NULL, 0), 0);
+    } else {
+        assert_int_equal(llmdd_deallocate_cache(peer, id), LLM_SUCCESS);
+    }
+    llmdd_cache_index idx = {PEER, id, 0};
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &s_kv, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &idx, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    verify_all();
+}
+
+static void
+test_large_pull(void **state)
+{
+    /* 64 MiB in 2 tensors of 32 MiB; one slot is 8 MiB a tensor. */
+    char reply[64];
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)32 << 18}};
+    llmdd_cache local;
+    int64_t rid;
+
+    (void)state;
+    if (proc_mode) {
+        assert_int_equal(th_proc_cmd(&proc, "alloc-big 32 2 5", reply,
+                                     sizeof(reply)),
+                         0);
+        rid = atoll(reply + 3);
+    } else {
+        llmdd_cache c;
+        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+        th_fill(&c, 5);
+        rid = c.cache_id;
+    }
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
+    uint64_t all[] = {0, 1, 2, 3};
+    llmdd_cache_index idx = {PEER, rid, 0};
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t t = 0; t < 2; t++)
+        assert_int_equal(
+            th_check_buf((const uint8_t *)(uintptr_t)local.tensor_addrs[t],
+                         (uint64_t)32 << 20, 5, t),
+            -1);
+    assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s <transport> inproc|proc\n", argv[0]);
+        return 2;
+    }
+    transport = argv[1];
+    proc_mode = strcmp(argv[2], "proc") == 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_initial_state),
+        cmocka_unit_test(test_pull_full_slot),
+        cmocka_unit_test(test_pull_partial_size),
+        cmocka_unit_test(test_pull_layer_range),
+        cmocka_unit_test(test_pull_registered),
+        cmocka_unit_test(test_pull_smaller_stride),
+        cmocka_unit_test(test_pull_blocks_scattered),
+        cmocka_unit_test(test_pull_blocks_duplicate_dst),
+        cmocka_unit_test(test_pull_blocks_layer_range),
+        cmocka_unit_test(test_pull_blocks_many_runs),
+        cmocka_unit_test(test_push_slot),
+        cmocka_unit_test(test_push_layers_and_size),
+        cmocka_unit_test(test_push_blocks),
+        cmocka_unit_test(test_rejected_calls_change_nothing),
+        cmocka_unit_test(test_cache_made_after_link),
+        cmocka_unit_test(test_large_pull),
+    };
+    return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);
+}

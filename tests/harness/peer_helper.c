@@ -1,0 +1,153 @@
+/*
+ * A peer process for multi-process tests. It initializes an instance that
+ * listens on a free port, sets up the standard caches (harness.h), prints
+ *   READY <port> <kv> <reg> <blocks> <small>
+ * and then answers one command per stdin line until "quit" or EOF:
+ *   alloc SEED                     a kv-shaped cache filled with SEED
+ *   alloc-big MIB TENSORS SEED     TENSORS uint8 tensors of MIB MiB, 4 slots
+ *   alloc-blocks BLOCKS STRIDE SEED  2 uint8 tensors of BLOCKS x STRIDE
+ *   dealloc ID | ping | check ID SEED (verify a cache still holds SEED)
+ * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
+ *          --auth TOKEN --wait MS --pool JSON
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness/harness.h"
+
+#define MAX_CACHES 64
+
+static llmdd_cache caches[MAX_CACHES];
+static int ncaches;
+
+static void
+reply_status(llmdd_status st, int64_t id)
+{
+    if (st == LLM_SUCCESS)
+        printf("OK %lld\n", (long long)id);
+    else
+        printf("ERR %s\n", llmdd_status_str(st));
+    fflush(stdout);
+}
+
+static void
+alloc(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
+{
+    llmdd_cache c;
+    llmdd_status st = llmdd_allocate_cache(dd, d, &c);
+
+    if (st == LLM_SUCCESS) {
+        th_fill(&c, seed);
+        if (ncaches < MAX_CACHES)
+            caches[ncaches++] = c;
+    }
+    reply_status(st, c.cache_id);
+}
+
+static void
+check(long long id, uint32_t seed)
+{
+    for (int i = 0; i < ncaches; i++) {
+        if (caches[i].cache_id != id)
+            continue;
+        uint64_t size = th_tensor_size(&caches[i].desc);
+        for (uint32_t t = 0; t < caches[i].desc.num_tensors; t++) {
+            if (th_check_buf((uint8_t *)(uintptr_t)caches[i].tensor_addrs[t],
+                             size, seed, t) >= 0) {
+                printf("ERR mismatch in tensor %u\n", t);
+                fflush(stdout);
+                return;
+            }
+        }
+        printf("OK\n");
+        fflush(stdout);
+        return;
+    }
+    printf("ERR unknown\n");
+    fflush(stdout);
+}
+
+int
+main(int argc, char **argv)
+{
+    uint64_t cluster = 1;
+    llmdd_role role = LLMDD_ROLE_MIX;
+    const char *ip = "127.0.0.1";
+    llmdd_option opts[8];
+    size_t nopts = 0;
+    th_peer_caches pc;
+    uint16_t port;
+    llmdd *dd;
+
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (strcmp(k, "--cluster") == 0)
+            cluster = strtoull(v, NULL, 10);
+        else if (strcmp(k, "--role") == 0)
+            role = strcmp(v, "prompt") == 0    ? LLMDD_ROLE_PROMPT
+                   : strcmp(v, "decoder") == 0 ? LLMDD_ROLE_DECODER
+                                               : LLMDD_ROLE_MIX;
+        else if (strcmp(k, "--ip") == 0)
+            ip = v;
+        else if (strcmp(k, "--transport") == 0)
+            opts[nopts++] = (llmdd_option){"llm.Transport", v};
+        else if (strcmp(k, "--auth") == 0)
+            opts[nopts++] = (llmdd_option){"llm.AuthToken", v};
+        else if (strcmp(k, "--wait") == 0)
+            opts[nopts++] = (llmdd_option){"llm.SyncKvCacheWaitTime", v};
+        else if (strcmp(k, "--pool") == 0)
+            opts[nopts++] = (llmdd_option){"llm.HostMemPoolConfig", v};
+        if (nopts == 8)
+            return 2;
+    }
+    if (llmdd_create(cluster, role, &dd) != LLM_SUCCESS)
+        return 1;
+    llmdd_status st = th_init_listen(dd, ip, &port, opts, nopts);
+    if (st != LLM_SUCCESS) {
+        fprintf(stderr, "peer_helper: initialize: %s\n", llmdd_status_str(st));
+        return 1;
+    }
+    if (th_peer_setup(dd, &pc) != 0) {
+        fprintf(stderr, "peer_helper: cache setup failed\n");
+        return 1;
+    }
+    printf("READY %u %lld %lld %lld %lld\n", port, (long long)pc.kv,
+           (long long)pc.reg, (long long)pc.blocks, (long long)pc.small);
+    fflush(stdout);
+
+    char line[256];
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        unsigned a = 0, b = 0, c = 0;
+        long long id;
+        if (strncmp(line, "quit", 4) == 0)
+            break;
+        if (sscanf(line, "alloc-big %u %u %u", &a, &b, &c) == 3) {
+            llmdd_cache_desc d = {.num_tensors = b,
+                                  .data_type = LLMDD_DT_UINT8,
+                                  .num_dims = 2,
+                                  .shape = {4, (int64_t)a << 18}};
+            alloc(dd, &d, c);
+        } else if (sscanf(line, "alloc-blocks %u %u %u", &a, &b, &c) == 3) {
+            llmdd_cache_desc d = {.num_tensors = 2,
+                                  .data_type = LLMDD_DT_UINT8,
+                                  .num_dims = 2,
+                                  .shape = {a, b}};
+            alloc(dd, &d, c);
+        } else if (sscanf(line, "alloc %u", &a) == 1) {
+            llmdd_cache_desc d = th_desc_kv();
+            alloc(dd, &d, a);
+        } else if (sscanf(line, "dealloc %lld", &id) == 1) {
+            reply_status(llmdd_deallocate_cache(dd, id), id);
+        } else if (sscanf(line, "check %lld %u", &id, &a) == 2) {
+            check(id, a);
+        } else if (strncmp(line, "ping", 4) == 0) {
+            reply_status(LLM_SUCCESS, 0);
+        } else {
+            printf("ERR unknown command\n");
+            fflush(stdout);
+        }
+    }
+    th_peer_teardown(dd, &pc);
+    llmdd_destroy(dd);
+    return 0;
+}
