@@ -1,0 +1,28 @@
+#!/bin/sh
+# Installs the Debian 12 packages llmdd needs to build, test and benchmark,
+# when any is missing. Idempotent; runs apt-get only when something is absent.
+#   sh scripts/deps.sh          build, tests, demo, plots
+#   sh scripts/deps.sh --ci     also the CI extras (clang for fuzzing, valgrind)
+set -eu
+
+pkgs="build-essential cmake pkg-config libcmocka-dev libcjson-dev libssl-dev
+libucx-dev ucx-utils gnuplot-nox iproute2"
+if [ "${1:-}" = "--ci" ]; then
+    pkgs="$pkgs clang libclang-rt-14-dev valgrind"
+fi
+
+missing=""
+for p in $pkgs; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "deps.sh: installing:$missing" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing
