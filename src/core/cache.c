@@ -213,6 +213,33 @@ cache_insert(llmdd *dd, llmdd__cache *c)
     return LLM_SUCCESS;
 }
 
+/*
+ * dd->lock held; drops it meanwhile. Tells every link's transport that the
+ * cache is gone, so that a peer which mapped its memory stops using it before
+ * the memory is released or reused.
+ */
+static void
+notify_links(llmdd *dd, llmdd__cache *c)
+{
+    llmdd__link *links[64];
+    size_t n = 0;
+
+    for (llmdd__link *l = dd->links; l != NULL && n < 64; l = l->next) {
+        if (l->ops->cache_removed != NULL) {
+            l->refs++;
+            links[n++] = l;
+        }
+    }
+    if (n == 0)
+        return;
+    pthread_mutex_unlock(&dd->lock);
+    for (size_t i = 0; i < n; i++) {
+        links[i]->ops->cache_removed(links[i], c);
+        llmdd__link_put(links[i]);
+    }
+    pthread_mutex_lock(&dd->lock);
+}
+
 /* dd->lock held. Unlinks cache `id`, waits for its users, frees it. */
 static bool
 cache_remove(llmdd *dd, int64_t id, bool want_allocated)
@@ -227,6 +254,7 @@ cache_remove(llmdd *dd, int64_t id, bool want_allocated)
             (dd->ncaches - i - 1) * sizeof(*dd->caches));
     dd->ncaches--;
     c->dead = true;
+    notify_links(dd, c);
     /* Transfers hold references only for bounded I/O; wait them out so the
      * memory is never touched after we return. */
     while (c->refs > 0)

@@ -17,6 +17,7 @@
 
 struct llmdd__link;
 struct llmdd__peer;
+struct llmdd__cache;
 
 /* What a link knows of one of the peer's caches. */
 typedef struct llmdd__remote_cache {
@@ -100,6 +101,15 @@ typedef struct llmdd_transport_ops {
      * LLM_KV_CACHE_NOT_EXIST when the peer no longer has the cache.
      */
     llmdd_status (*xfer)(struct llmdd__link *link, const llmdd__xfer *x);
+
+    /*
+     * Optional. Called on the owner's side, without library locks, for
+     * every live link, after `cache` left the registry and before its memory
+     * is released or reused. Returns once the peer can no longer touch that
+     * memory through this link (dropping the link is an acceptable way).
+     */
+    void (*cache_removed)(struct llmdd__link *link,
+                          const struct llmdd__cache *cache);
 } llmdd_transport_ops;
 
 /* The registry: transports in "auto" preference order. */
