@@ -48,7 +48,8 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
                   (unsigned long long)p->size, strerror(errno));
         goto err_fd;
     }
-    p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, p->fd, 0);
     if (p->base == MAP_FAILED) {
         log_error("pool of %llu bytes: mmap: %s", (unsigned long long)p->size,
                   strerror(errno));
@@ -148,7 +149,9 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         close(m->fd);
         return LLM_OUT_OF_MEMORY;
     }
-    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+    /* Prefaulted: a cache is allocated once and written at full speed. */
+    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                   m->fd, 0);
     if (m->base == MAP_FAILED) {
         log_error("cache of %llu bytes: mmap: %s", (unsigned long long)len,
                   strerror(errno));
