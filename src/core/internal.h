@@ -152,6 +152,11 @@ void llmdd__link_put(llmdd__link *link);
 void llmdd__link_drop(llmdd__link *link, const char *why);
 llmdd__link *llmdd__link_find_token(llmdd *dd, const uint8_t *token);
 /*
+ * Server side of a link: asks the client, over the control connection, to
+ * open one more data connection for our requests (ops->reopen on its side).
+ */
+void llmdd__link_ask_reopen(llmdd__link *link);
+/*
  * Finds the peer's cache `id`, asking the peer on a miss, and takes a
  * reference. LLM_KV_CACHE_NOT_EXIST when the peer has no such cache.
  */

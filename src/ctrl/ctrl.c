@@ -26,7 +26,7 @@
 #include "ctrl/wire.h"
 
 #define HANDSHAKE_MS 2000
-#define HANDSHAKE_MAX 32
+#define HANDSHAKE_MAX 128
 #define CTRL_MSG_MAX 256
 
 struct llmdd__ctrl {
@@ -393,6 +393,25 @@ ctrl_accept(llmdd *dd, int lfd)
     }
 }
 
+static void *
+reopen_main(void *arg)
+{
+    llmdd__link *link = arg;
+
+    link->ops->reopen(link);
+    llmdd__link_put(link);
+    return NULL;
+}
+
+void
+llmdd__link_ask_reopen(llmdd__link *link)
+{
+    pthread_mutex_lock(&link->wlock);
+    llmdd__send_msg(link->dd, link->ctrl_fd, WMSG_REOPEN, NULL, 0,
+                    llmdd__now_ms() + HANDSHAKE_MS);
+    pthread_mutex_unlock(&link->wlock);
+}
+
 /* Reads one message from a link's control socket. */
 static void
 ctrl_link_readable(llmdd *dd, llmdd__link *link)
@@ -414,6 +433,15 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link)
                         llmdd__now_ms() + HANDSHAKE_MS);
         pthread_mutex_unlock(&link->wlock);
         llmdd__link_drop(link, "peer unlinked");
+        break;
+    case WMSG_REOPEN:
+        if (link->client && link->ops->reopen != NULL) {
+            pthread_mutex_lock(&dd->lock);
+            link->refs++;
+            pthread_mutex_unlock(&dd->lock);
+            if (llmdd__spawn(dd, reopen_main, link) != 0)
+                llmdd__link_put(link);
+        }
         break;
     case WMSG_UNLINK_ACK:
         pthread_mutex_lock(&dd->lock);

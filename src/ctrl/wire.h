@@ -28,6 +28,7 @@ enum llmdd__msg_type {
     WMSG_DATA_REPLY = 5,
     WMSG_UNLINK = 10,
     WMSG_UNLINK_ACK = 11,
+    WMSG_REOPEN = 12,
     WMSG_QUERY = 20,
     WMSG_QUERY_REPLY = 21,
     WMSG_READ = 22,

@@ -110,6 +110,13 @@ typedef struct llmdd_transport_ops {
      */
     void (*cache_removed)(struct llmdd__link *link,
                           const struct llmdd__cache *cache);
+
+    /*
+     * Optional, client side. The peer asked (llmdd__link_ask_reopen) for
+     * one more data connection it can send requests on, because one of its
+     * own failed. Runs on a counted helper thread; may block until done.
+     */
+    void (*reopen)(struct llmdd__link *link);
 } llmdd_transport_ops;
 
 /* The registry: transports in "auto" preference order. */
