@@ -396,8 +396,18 @@ llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
         st = LLM_OUT_OF_MEMORY;
         goto out;
     }
-    size_t n = llmdd__block_runs(src_blocks, dst_blocks, num_blocks, s->stride,
-                                 runs);
+    size_t n;
+    if (s == d) {
+        /* Within one cache a merged run could overlap its own destination
+         * differently from block-by-block order: keep pairs separate. */
+        for (n = 0; n < num_blocks; n++)
+            runs[n] = (llmdd__run){.src_off = src_blocks[n] * s->stride,
+                                   .dst_off = dst_blocks[n] * s->stride,
+                                   .len = s->stride};
+    } else {
+        n = llmdd__block_runs(src_blocks, dst_blocks, num_blocks, s->stride,
+                              runs);
+    }
     copy_runs(s, d, runs, n);
     free(runs);
     st = LLM_SUCCESS;

@@ -1,6 +1,7 @@
 #include "harness/harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +127,8 @@ th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
 
     if (nextra > 15)
         return LLM_PARAM_INVALID;
-    memcpy(opts + 1, extra, nextra * sizeof(*extra));
+    if (nextra > 0) /* extra may be NULL then: memcpy must not see it */
+        memcpy(opts + 1, extra, nextra * sizeof(*extra));
     srand((unsigned)(getpid() ^ time(NULL)));
     for (int attempt = 0; attempt < 50; attempt++) {
         uint16_t port = (uint16_t)(20000 + rand() % 30000);
@@ -193,7 +195,9 @@ th_proc_start(th_proc *p, const char *const *wrapper, const char *const *args)
     for (; args != NULL && *args != NULL && n < 62; args++)
         argv[n++] = *args;
     argv[n] = NULL;
-    if (pipe(in) != 0 || pipe(out) != 0)
+    /* Close-on-exec, so that peers started later do not inherit this
+     * peer's stdin and keep it from ever seeing EOF (dup2 clears it). */
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
         return -1;
     p->pid = fork();
     if (p->pid < 0)

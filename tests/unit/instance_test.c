@@ -1,0 +1,807 @@
+/*
+ * The instance lifecycle and the rules that apply to every call (MODEL.md
+ * "Instances, clusters, roles" and the check order of "Transfers"):
+ * create, initialize, finalize, destroy, set_role, role rules, the order in
+ * which checks decide the status, status strings and the version.
+ * Peers are in-process instances linked over 127.0.0.1.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness/harness.h"
+
+#define C_PROMPT 1
+#define C_DECODER 2
+#define C_MIX 3
+#define C_NOBODY 99 /* a cluster nobody linked */
+
+/* ---- Helpers. ---- */
+
+static uint16_t
+unused_port(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static bool
+port_open(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+static void
+sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool
+all_zero(const llmdd_cache *c)
+{
+    uint64_t size = th_tensor_size(&c->desc);
+
+    for (uint32_t t = 0; t < c->desc.num_tensors; t++) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)c->tensor_addrs[t];
+        for (uint64_t i = 0; i < size; i++)
+            if (p[i] != 0)
+                return false;
+    }
+    return true;
+}
+
+static bool
+holds_seed(const llmdd_cache *c, uint32_t seed)
+{
+    uint64_t size = th_tensor_size(&c->desc);
+
+    for (uint32_t t = 0; t < c->desc.num_tensors; t++)
+        if (th_check_buf((const uint8_t *)(uintptr_t)c->tensor_addrs[t], size,
+                         seed, t) >= 0)
+            return false;
+    return true;
+}
+
+/*
+ * Every call of API.md but the lifecycle ones must return `want` on dd;
+ * with `bad_args` each call also gets arguments that are invalid, to show
+ * that the instance check comes first.
+ */
+static void
+assert_every_call(llmdd *dd, llmdd_status want, bool bad_args)
+{
+    llmdd_cache_desc desc = th_desc_kv();
+    llmdd_cache cache = {.cache_id = 1, .desc = desc};
+    llmdd_cache_index idx = {C_PROMPT, 1, 0};
+    llmdd_ip_info ipi = {"127.0.0.1", 1};
+    llmdd_cluster_info ci = {.remote_cluster_id = C_PROMPT,
+                             .remote_ip_infos = &ipi,
+                             .num_remote_ip_infos = 1};
+    llmdd_status rets[1];
+    uint64_t addrs[8], blocks[1] = {0};
+    int64_t id;
+    uint8_t mem[64];
+
+    for (int i = 0; i < 8; i++)
+        addrs[i] = (uint64_t)(uintptr_t)mem;
+    if (bad_args) {
+        desc.num_tensors = 0;
+        idx.cluster_id = C_DECODER;
+    }
+    assert_int_equal(llmdd_set_role(dd, bad_args ? 0 : LLMDD_ROLE_MIX, NULL,
+                                    0),
+                     want);
+    assert_int_equal(llmdd_link_clusters(dd, bad_args ? NULL : &ci,
+                                         bad_args ? 0 : 1, rets,
+                                         bad_args ? 0 : 1000),
+                     want);
+    assert_int_equal(llmdd_unlink_clusters(dd, &ci, bad_args ? 17 : 1, rets,
+                                           bad_args ? -1 : 1000, false),
+                     want);
+    assert_int_equal(llmdd_allocate_cache(dd, &desc, bad_args ? NULL : &cache),
+                     want);
+    assert_int_equal(llmdd_deallocate_cache(dd, bad_args ? -1 : 1), want);
+    assert_int_equal(llmdd_register_kv_cache(dd, &desc, bad_args ? NULL : addrs,
+                                             bad_args ? 0 : 8, &id),
+                     want);
+    assert_int_equal(llmdd_unregister_kv_cache(dd, bad_args ? 0 : 1), want);
+    assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &cache, bad_args ? 99 : 0,
+                                         bad_args ? 0 : -1, NULL),
+                     want);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &cache, blocks, blocks,
+                                          bad_args ? 0 : 1, NULL),
+                     want);
+    assert_int_equal(llmdd_push_kv_cache(dd, &cache, &idx, 0,
+                                         bad_args ? -5 : -1, NULL),
+                     want);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &cache, &idx,
+                                          bad_args ? NULL : blocks, blocks, 1,
+                                          NULL),
+                     want);
+    assert_int_equal(llmdd_copy_kv_cache(dd, bad_args ? NULL : &cache, &cache,
+                                         0, 1, 0, bad_args ? 0 : -1),
+                     want);
+    assert_int_equal(llmdd_copy_kv_blocks(dd, &cache, bad_args ? NULL : &cache,
+                                          blocks, blocks, bad_args ? 0 : 1),
+                     want);
+}
+
+/* ---- A prompt, a decoder and a mix instance, linked. ---- */
+
+typedef struct {
+    llmdd *p, *d, *m;
+    uint16_t port;
+    llmdd_cache p_kv, p_small, p_blocks; /* on P, seeds 1, 4, 3 */
+    llmdd_cache d_kv, m_kv, m_blocks;    /* zeroed */
+} trio;
+
+static void
+alloc_fill(llmdd *dd, llmdd_cache_desc d, llmdd_cache *c, uint32_t seed)
+{
+    assert_int_equal(llmdd_allocate_cache(dd, &d, c), LLM_SUCCESS);
+    if (seed != 0)
+        th_fill(c, seed);
+}
+
+static int
+trio_setup(void **state)
+{
+    trio *t = calloc(1, sizeof(*t));
+
+    assert_non_null(t);
+    assert_int_equal(llmdd_create(C_PROMPT, LLMDD_ROLE_PROMPT, &t->p),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_create(C_DECODER, LLMDD_ROLE_DECODER, &t->d),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_create(C_MIX, LLMDD_ROLE_MIX, &t->m), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(t->p, "127.0.0.1", &t->port, NULL, 0),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(t->d, NULL, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(t->m, NULL, 0), LLM_SUCCESS);
+    alloc_fill(t->p, th_desc_kv(), &t->p_kv, 1);
+    alloc_fill(t->p, th_desc_small(), &t->p_small, 4);
+    alloc_fill(t->p, th_desc_blocks(), &t->p_blocks, 3);
+    alloc_fill(t->d, th_desc_kv(), &t->d_kv, 0);
+    alloc_fill(t->m, th_desc_kv(), &t->m_kv, 0);
+    alloc_fill(t->m, th_desc_blocks(), &t->m_blocks, 0);
+    assert_int_equal(th_link(t->d, C_PROMPT, "127.0.0.1", t->port, 2000),
+                     LLM_SUCCESS);
+    assert_int_equal(th_link(t->m, C_PROMPT, "127.0.0.1", t->port, 2000),
+                     LLM_SUCCESS);
+    *state = t;
+    return 0;
+}
+
+static int
+trio_teardown(void **state)
+{
+    trio *t = *state;
+
+    llmdd_destroy(t->d);
+    llmdd_destroy(t->m);
+    llmdd_destroy(t->p);
+    free(t);
+    return 0;
+}
+
+/* Pulls every slot of P's kv cache into dst and checks it. */
+static void
+pull_all_and_check(llmdd *dd, const trio *t, const llmdd_cache *dst)
+{
+    for (uint32_t b = 0; b < 4; b++) {
+        llmdd_cache_index idx = {C_PROMPT, t->p_kv.cache_id, b};
+        assert_int_equal(llmdd_pull_kv_cache(dd, &idx, dst, b, -1, NULL),
+                         LLM_SUCCESS);
+    }
+    assert_true(holds_seed(dst, 1));
+}
+
+/* ---- Tests. ---- */
+
+static void
+test_create_invalid(void **state)
+{
+    llmdd *const sentinel = (llmdd *)(uintptr_t)0x1234;
+    llmdd *dd = sentinel;
+
+    (void)state;
+    static const int bad[] = {0, 4, -1, 100};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(llmdd_create(1, (llmdd_role)bad[i], &dd),
+                         LLM_PARAM_INVALID);
+        assert_ptr_equal(dd, sentinel);
+    }
+    assert_int_equal(llmdd_create(1, LLMDD_ROLE_MIX, NULL), LLM_PARAM_INVALID);
+
+    static const llmdd_role good[] = {LLMDD_ROLE_PROMPT, LLMDD_ROLE_DECODER,
+                                      LLMDD_ROLE_MIX};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(llmdd_create(UINT64_MAX, good[i], &dd), LLM_SUCCESS);
+        assert_non_null(dd);
+        assert_ptr_not_equal(dd, sentinel);
+        llmdd_destroy(dd);
+    }
+}
+
+static void
+test_calls_before_initialize(void **state)
+{
+    llmdd *dd;
+
+    (void)state;
+    assert_int_equal(llmdd_create(1, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+    assert_every_call(dd, LLM_FAILED, false);
+    assert_every_call(dd, LLM_FAILED, true);
+    /* finalize and destroy of a never-initialized instance are fine. */
+    llmdd_finalize(dd);
+    llmdd_finalize(dd);
+    assert_every_call(dd, LLM_FAILED, false);
+    llmdd_destroy(dd);
+}
+
+static void
+test_initialize_twice(void **state)
+{
+    char addr[32];
+    uint16_t port = unused_port();
+    llmdd *dd;
+
+    (void)state;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    llmdd_option listen = {"llm.ListenIpInfo", addr};
+    llmdd_option bad = {"llm.SyncKvCacheWaitTime", "0"};
+    assert_int_equal(llmdd_create(1, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, NULL, 0), LLM_SUCCESS);
+    llmdd_cache_desc d = th_desc_kv();
+    llmdd_cache c;
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+
+    /* Success with no effect: no listener, options not even parsed, the
+     * cache still there. */
+    assert_int_equal(llmdd_initialize(dd, &listen, 1), LLM_SUCCESS);
+    assert_false(port_open(port));
+    assert_int_equal(llmdd_initialize(dd, &bad, 1), LLM_SUCCESS);
+    assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
+    llmdd_destroy(dd);
+}
+
+static void
+test_finalize_and_reinitialize(void **state)
+{
+    char addr[32];
+    uint16_t port;
+    llmdd *dd;
+    llmdd_cache c1, c2;
+    llmdd_cache_desc d = th_desc_kv();
+
+    (void)state;
+    assert_int_equal(llmdd_create(1, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(dd, "127.0.0.1", &port, NULL, 0),
+                     LLM_SUCCESS);
+    assert_true(port_open(port));
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c1), LLM_SUCCESS);
+
+    llmdd_finalize(dd);
+    llmdd_finalize(dd); /* harmless */
+    assert_false(port_open(port));
+    assert_every_call(dd, LLM_FAILED, false);
+    assert_every_call(dd, LLM_FAILED, true);
+
+    /* Usable again; what finalize released is gone, and ids go on. */
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    llmdd_option o = {"llm.ListenIpInfo", addr};
+    assert_int_equal(llmdd_initialize(dd, &o, 1), LLM_SUCCESS);
+    assert_true(port_open(port));
+    assert_int_equal(llmdd_deallocate_cache(dd, c1.cache_id),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c2), LLM_SUCCESS);
+    assert_true(c2.cache_id > c1.cache_id);
+    assert_true(all_zero(&c2));
+    llmdd_finalize(dd);
+    llmdd_destroy(dd);
+}
+
+static void
+test_destroy(void **state)
+{
+    llmdd *a, *b;
+    uint16_t port;
+
+    (void)state;
+    llmdd_destroy(NULL);
+    llmdd_finalize(NULL);
+
+    /* Destroy with caches, a registered buffer and live links on both
+     * sides: nothing may leak or hang. */
+    uint8_t *mem = malloc(4096 * 8);
+    uint64_t addrs[8];
+    int64_t id;
+    llmdd_cache c;
+    llmdd_cache_desc d = th_desc_kv();
+
+    assert_non_null(mem);
+    for (int i = 0; i < 8; i++)
+        addrs[i] = (uint64_t)(uintptr_t)(mem + 4096 * i);
+    assert_int_equal(llmdd_create(1, LLMDD_ROLE_PROMPT, &a), LLM_SUCCESS);
+    assert_int_equal(llmdd_create(2, LLMDD_ROLE_DECODER, &b), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(a, "127.0.0.1", &port, NULL, 0),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(b, NULL, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(a, &d, &c), LLM_SUCCESS);
+    assert_int_equal(llmdd_register_kv_cache(a, &d, addrs, 8, &id),
+                     LLM_SUCCESS);
+    assert_int_equal(th_link(b, 1, "127.0.0.1", port, 2000), LLM_SUCCESS);
+    llmdd_destroy(a);
+    /* The survivor notices and stays usable. */
+    llmdd_cache local;
+    assert_int_equal(llmdd_allocate_cache(b, &d, &local), LLM_SUCCESS);
+    llmdd_cache_index idx = {1, c.cache_id, 0};
+    llmdd_status st = LLM_SUCCESS;
+    for (int i = 0; i < 200; i++) {
+        st = llmdd_pull_kv_cache(b, &idx, &local, 0, -1, NULL);
+        if (st == LLM_NOT_YET_LINK)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_NOT_YET_LINK);
+    llmdd_destroy(b);
+    free(mem);
+}
+
+static void
+test_set_role_invalid(void **state)
+{
+    trio *t = *state;
+
+    assert_int_equal(llmdd_set_role(t->d, (llmdd_role)0, NULL, 0),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_set_role(t->d, (llmdd_role)4, NULL, 0),
+                     LLM_PARAM_INVALID);
+    /* Still a decoder, still linked. */
+    pull_all_and_check(t->d, t, &t->d_kv);
+}
+
+static void
+test_set_role_with_links(void **state)
+{
+    trio *t = *state;
+    llmdd_status st = LLM_FAILED;
+
+    /* Both ends of a link count, client and server. */
+    assert_int_equal(llmdd_set_role(t->d, LLMDD_ROLE_MIX, NULL, 0),
+                     LLM_EXIST_LINK);
+    assert_int_equal(llmdd_set_role(t->p, LLMDD_ROLE_MIX, NULL, 0),
+                     LLM_EXIST_LINK);
+    /* The failed call changed nothing: D still may not push. */
+    llmdd_cache_index idx = {C_PROMPT, t->p_kv.cache_id, 0};
+    assert_int_equal(llmdd_push_kv_cache(t->d, &t->d_kv, &idx, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+
+    assert_int_equal(th_unlink(t->d, C_PROMPT, "127.0.0.1", t->port, false,
+                               2000),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_set_role(t->d, LLMDD_ROLE_MIX, NULL, 0),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_set_role(t->p, LLMDD_ROLE_PROMPT, NULL, 0),
+                     LLM_EXIST_LINK); /* M is still linked to P */
+    assert_int_equal(th_unlink(t->m, C_PROMPT, "127.0.0.1", t->port, false,
+                               2000),
+                     LLM_SUCCESS);
+    /* P drops its side when the UNLINK arrives, just after it acks. */
+    for (int i = 0; i < 200; i++) {
+        st = llmdd_set_role(t->p, LLMDD_ROLE_PROMPT, NULL, 0);
+        if (st != LLM_EXIST_LINK)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_SUCCESS);
+}
+
+static void
+test_set_role_listen(void **state)
+{
+    char addr[32];
+    uint16_t port = unused_port();
+    llmdd *x, *y;
+    llmdd_status st;
+
+    (void)state;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    llmdd_option listen = {"llm.ListenIpInfo", addr};
+    assert_int_equal(llmdd_create(10, LLMDD_ROLE_DECODER, &x), LLM_SUCCESS);
+    assert_int_equal(llmdd_create(11, LLMDD_ROLE_DECODER, &y), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(x, NULL, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(y, NULL, 0), LLM_SUCCESS);
+    assert_int_equal(th_link(y, 10, "127.0.0.1", port, 1000),
+                     LLM_LINK_FAILED);
+
+    /* set_role with llm.ListenIpInfo starts listening there. */
+    assert_int_equal(llmdd_set_role(x, LLMDD_ROLE_PROMPT, &listen, 1),
+                     LLM_SUCCESS);
+    assert_int_equal(th_link(y, 10, "127.0.0.1", port, 2000), LLM_SUCCESS);
+    assert_int_equal(th_unlink(y, 10, "127.0.0.1", port, false, 2000),
+                     LLM_SUCCESS);
+    for (int i = 0; i < 200; i++) {
+        st = llmdd_set_role(x, LLMDD_ROLE_PROMPT, &listen, 1);
+        if (st != LLM_EXIST_LINK)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_SUCCESS); /* restarted on the same address */
+    assert_int_equal(th_link(y, 10, "127.0.0.1", port, 2000), LLM_SUCCESS);
+    assert_int_equal(th_unlink(y, 10, "127.0.0.1", port, true, 2000),
+                     LLM_SUCCESS);
+
+    /* A bad option: LLM_PARAM_INVALID and nothing changes. */
+    llmdd_option bad = {"llm.SyncKvCacheWaitTime", "x"};
+    for (int i = 0; i < 200; i++) {
+        st = llmdd_set_role(x, LLMDD_ROLE_DECODER, &bad, 1);
+        if (st != LLM_EXIST_LINK)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_PARAM_INVALID);
+    assert_true(port_open(port));
+
+    /* Without it, it stops listening. */
+    assert_int_equal(llmdd_set_role(x, LLMDD_ROLE_DECODER, NULL, 0),
+                     LLM_SUCCESS);
+    assert_false(port_open(port));
+    assert_int_equal(th_link(y, 10, "127.0.0.1", port, 1000),
+                     LLM_LINK_FAILED);
+    llmdd_destroy(y);
+    llmdd_destroy(x);
+}
+
+static void
+test_role_rules(void **state)
+{
+    trio *t = *state;
+    uint64_t blocks[] = {0, 1, 2};
+    llmdd_cache_index kv = {C_PROMPT, t->p_kv.cache_id, 0};
+    llmdd_cache_index bl = {C_PROMPT, t->p_blocks.cache_id, 0};
+    llmdd_cache d_blocks;
+
+    alloc_fill(t->d, th_desc_blocks(), &d_blocks, 7);
+
+    /* A decoder pulls but may not push. */
+    pull_all_and_check(t->d, t, &t->d_kv);
+    th_fill(&t->d_kv, 9);
+    assert_int_equal(llmdd_push_kv_cache(t->d, &t->d_kv, &kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_blocks(t->d, &d_blocks, &bl, blocks, blocks, 3, NULL),
+        LLM_PARAM_INVALID);
+    assert_true(holds_seed(&t->p_kv, 1));
+    assert_true(holds_seed(&t->p_blocks, 3));
+
+    /* A prompt pushes but may not pull. */
+    llmdd_cache_index dkv = {C_DECODER, t->d_kv.cache_id, 0};
+    llmdd_cache_index dbl = {C_DECODER, d_blocks.cache_id, 0};
+    assert_int_equal(llmdd_pull_kv_cache(t->p, &dkv, &t->p_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(t->p, &dbl, &t->p_blocks, blocks, blocks, 3, NULL),
+        LLM_PARAM_INVALID);
+    assert_true(holds_seed(&t->p_kv, 1));
+    assert_true(holds_seed(&t->p_blocks, 3));
+    for (uint32_t b = 0; b < 4; b++) {
+        dkv.batch_index = b;
+        assert_int_equal(llmdd_push_kv_cache(t->p, &t->p_kv, &dkv, b, -1,
+                                             NULL),
+                         LLM_SUCCESS);
+    }
+    assert_true(holds_seed(&t->d_kv, 1));
+
+    /* A mix instance does both. */
+    pull_all_and_check(t->m, t, &t->m_kv);
+    llmdd_cache_index mbl = {C_PROMPT, t->p_blocks.cache_id, 0};
+    assert_int_equal(
+        llmdd_pull_kv_blocks(t->m, &mbl, &t->m_blocks, blocks, blocks, 3, NULL),
+        LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_blocks(t->m, &t->m_blocks, &mbl, blocks, blocks, 3, NULL),
+        LLM_SUCCESS);
+    assert_true(holds_seed(&t->p_blocks, 3));
+}
+
+/*
+ * MODEL.md "Checks run in this order": instance -> role -> own arguments ->
+ * local cache exists -> local indices and ranges -> link -> remote cache
+ * exists -> remote indices, ranges and strides. Each case below fails two
+ * checks at once; the earlier one must decide.
+ */
+static void
+test_status_order_pull(void **state)
+{
+    trio *t = *state;
+    llmdd_cache unknown = {.cache_id = 12345, .desc = th_desc_kv()};
+    llmdd_cache_index nobody = {C_NOBODY, 777, 0};
+    llmdd_cache_index p_kv = {C_PROMPT, t->p_kv.cache_id, 0};
+    llmdd_cache_index p_unknown = {C_PROMPT, 777, 100};
+    llmdd_kv_ext_param bad_shape = {{-1, 5}, {-1, -1}, 2};
+    llmdd_kv_ext_param tnpl0 = {{-1, -1}, {-1, -1}, 0};
+    llmdd_kv_ext_param dst_over = {{0, 0}, {4, 4}, 2};
+    llmdd_kv_ext_param src_over = {{4, 4}, {0, 0}, 2};
+    llmdd_kv_ext_param widths = {{0, 0}, {0, 1}, 2};
+    uint64_t b0[] = {0}, b64[] = {64};
+    llmdd *d = t->d;
+
+    /* The role decides before the arguments and the caches. */
+    assert_int_equal(llmdd_pull_kv_cache(t->p, &nobody, &unknown, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+
+    /* Own arguments before the local cache. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &unknown, 0, 0, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &unknown, 0, -2, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache(d, &nobody, &unknown, 0, -1, &bad_shape),
+        LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &unknown, 0, -1, &tnpl0),
+                     LLM_PARAM_INVALID);
+    llmdd_cache_index self = {C_DECODER, 1, 0};
+    assert_int_equal(llmdd_pull_kv_cache(d, &self, &unknown, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &unknown, b0, b0, 0,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &unknown, NULL, b0, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    llmdd_cache_index bi1 = {C_NOBODY, 777, 1};
+    assert_int_equal(llmdd_pull_kv_blocks(d, &bi1, &unknown, b0, b0, 1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, NULL, &unknown, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, NULL, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+
+    /* The local cache before local indices and the link. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &unknown, 99, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &unknown, b64, b64, 1,
+                                          NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+
+    /* Local indices, sizes and ranges before the link. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 4, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, 1025, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, &dst_over),
+        LLM_PARAM_INVALID);
+    llmdd_kv_ext_param tnpl9 = {{-1, -1}, {-1, -1}, 9};
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, &tnpl9),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &t->d_kv, b0, b64, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+
+    /* The link before the remote cache. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, NULL),
+                     LLM_NOT_YET_LINK);
+    assert_int_equal(
+        llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, &src_over),
+        LLM_NOT_YET_LINK);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &t->d_kv, b64, b0, 1,
+                                          NULL),
+                     LLM_NOT_YET_LINK);
+
+    /* The remote cache before remote indices. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_unknown, &t->d_kv, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    p_unknown.batch_index = 0;
+    assert_int_equal(llmdd_pull_kv_blocks(d, &p_unknown, &t->d_kv, b64, b0, 1,
+                                          NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+
+    /* Remote indices, ranges and strides. */
+    llmdd_cache_index p_bi4 = {C_PROMPT, t->p_kv.cache_id, 4};
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_bi4, &t->d_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_kv, &t->d_kv, 0, -1, &src_over),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_kv, &t->d_kv, 0, -1, &widths),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &p_kv, &t->d_kv, b64, b0, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    /* P's small cache has stride 512; D's kv has 1024. */
+    llmdd_cache_index p_small = {C_PROMPT, t->p_small.cache_id, 0};
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_small, &t->d_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_small, &t->d_kv, 0, 513, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks(d, &p_small, &t->d_kv, b0, b0, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+
+    /* Nothing moved anywhere. */
+    assert_true(all_zero(&t->d_kv));
+    assert_true(holds_seed(&t->p_kv, 1));
+
+    /* And the boundary cases that are valid do move. */
+    assert_int_equal(llmdd_pull_kv_cache(d, &p_small, &t->d_kv, 3, 512, NULL),
+                     LLM_SUCCESS);
+    assert_false(all_zero(&t->d_kv));
+}
+
+static void
+test_status_order_push(void **state)
+{
+    trio *t = *state;
+    llmdd_cache unknown = {.cache_id = 12345, .desc = th_desc_kv()};
+    llmdd_cache_index nobody = {C_NOBODY, 777, 0};
+    llmdd_cache_index p_kv = {C_PROMPT, t->p_kv.cache_id, 0};
+    llmdd_kv_ext_param src_over = {{4, 4}, {0, 0}, 2};
+    llmdd_kv_ext_param dst_over = {{0, 0}, {4, 4}, 2};
+    uint64_t b0[] = {0}, b64[] = {64};
+    llmdd *m = t->m;
+
+    th_fill(&t->m_kv, 8);
+    /* A decoder may not push even to nobody with an unknown cache. */
+    assert_int_equal(llmdd_push_kv_cache(t->d, &unknown, &nobody, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    /* Own arguments, then the local (source) cache. */
+    assert_int_equal(llmdd_push_kv_cache(m, &unknown, &nobody, 0, 0, NULL),
+                     LLM_PARAM_INVALID);
+    llmdd_cache_index bi1 = {C_NOBODY, 777, 1};
+    assert_int_equal(llmdd_push_kv_blocks(m, &unknown, &bi1, b0, b0, 1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_cache(m, &unknown, &nobody, 9, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    /* For a push the local side is the source: its range is src. */
+    assert_int_equal(
+        llmdd_push_kv_cache(m, &t->m_kv, &nobody, 0, -1, &src_over),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_cache(m, &t->m_kv, &nobody, 0, -1, &dst_over),
+        LLM_NOT_YET_LINK);
+    assert_int_equal(llmdd_push_kv_blocks(m, &t->m_blocks, &nobody, b64, b0,
+                                          1, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_blocks(m, &t->m_blocks, &nobody, b0, b64,
+                                          1, NULL),
+                     LLM_NOT_YET_LINK);
+    /* Linked: the remote cache, then remote indices. */
+    llmdd_cache_index p_unknown = {C_PROMPT, 777, 9};
+    assert_int_equal(llmdd_push_kv_cache(m, &t->m_kv, &p_unknown, 0, -1, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_push_kv_cache(m, &t->m_kv, &p_kv, 0, -1, &dst_over),
+                     LLM_PARAM_INVALID);
+    p_kv.batch_index = 4;
+    assert_int_equal(llmdd_push_kv_cache(m, &t->m_kv, &p_kv, 0, -1, NULL),
+                     LLM_PARAM_INVALID);
+    llmdd_cache_index p_bl = {C_PROMPT, t->p_blocks.cache_id, 0};
+    assert_int_equal(llmdd_push_kv_blocks(m, &t->m_blocks, &p_bl, b0, b64, 1,
+                                          NULL),
+                     LLM_PARAM_INVALID);
+    assert_true(holds_seed(&t->p_kv, 1));
+    assert_true(holds_seed(&t->p_blocks, 3));
+}
+
+static void
+test_status_str(void **state)
+{
+    static const struct {
+        llmdd_status st;
+        const char *name;
+    } all[] = {
+#define S(x) {x, #x}
+        S(LLM_SUCCESS),
+        S(LLM_FAILED),
+        S(LLM_WAIT_PROC_TIMEOUT),
+        S(LLM_KV_CACHE_NOT_EXIST),
+        S(LLM_REPEAT_REQUEST),
+        S(LLM_REQUEST_ALREADY_COMPLETED),
+        S(LLM_PARAM_INVALID),
+        S(LLM_ENGINE_FINALIZED),
+        S(LLM_NOT_YET_LINK),
+        S(LLM_ALREADY_LINK),
+        S(LLM_LINK_FAILED),
+        S(LLM_UNLINK_FAILED),
+        S(LLM_NOTIFY_PROMPT_UNLINK_FAILED),
+        S(LLM_CLUSTER_NUM_EXCEED_LIMIT),
+        S(LLM_PROCESSING_LINK),
+        S(LLM_DEVICE_OUT_OF_MEMORY),
+        S(LLM_PREFIX_ALREADY_EXIST),
+        S(LLM_PREFIX_NOT_EXIST),
+        S(LLM_SEQ_LEN_OVER_LIMIT),
+        S(LLM_NO_FREE_BLOCK),
+        S(LLM_BLOCKS_OUT_OF_MEMORY),
+        S(LLM_CACHE_INCOMPATIBLE),
+        S(LLM_CACHE_KEY_ALREADY_EXIST),
+        S(LLM_COPY_CACHE_FAILED),
+        S(LLM_CACHE_ID_ALREADY_EXIST),
+        S(LLM_EXIST_LINK),
+        S(LLM_FEATURE_NOT_ENABLED),
+        S(LLM_TIMEOUT),
+        S(LLM_LINK_BUSY),
+        S(LLM_OUT_OF_MEMORY),
+#undef S
+    };
+
+    (void)state;
+    /* The numbers are fixed by API.md. */
+    assert_int_equal(LLM_SUCCESS, 0);
+    assert_int_equal(LLM_FAILED, 0xFFFFFFFFu);
+    assert_int_equal(LLM_WAIT_PROC_TIMEOUT, 0x5010B001u);
+    assert_int_equal(LLM_PARAM_INVALID, 0x5010B005u);
+    assert_int_equal(LLM_EXIST_LINK, 0x5010B018u);
+    assert_int_equal(LLM_OUT_OF_MEMORY, 0x5010B01Cu);
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (i >= 2)
+            assert_int_equal(all[i].st, 0x5010B001u + (i - 2));
+        assert_string_equal(llmdd_status_str(all[i].st), all[i].name);
+    }
+    static const llmdd_status unknown[] = {1, 2, 0x5010B000u, 0x5010B01Du,
+                                           0x5010B0FFu, 0x12345678u,
+                                           0xFFFFFFFEu};
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++)
+        assert_string_equal(llmdd_status_str(unknown[i]),
+                            "LLM_UNKNOWN_STATUS");
+}
+
+static void
+test_version(void **state)
+{
+    char want[32];
+
+    (void)state;
+    assert_non_null(llmdd_version());
+    snprintf(want, sizeof(want), "%d.%d.%d", LLMDD_VERSION_MAJOR,
+             LLMDD_VERSION_MINOR, LLMDD_VERSION_PATCH);
+    assert_string_equal(llmdd_version(), want);
+    assert_non_null(llmdd_transport_list());
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_invalid),
+        cmocka_unit_test(test_calls_before_initialize),
+        cmocka_unit_test(test_initialize_twice),
+        cmocka_unit_test(test_finalize_and_reinitialize),
+        cmocka_unit_test(test_destroy),
+        cmocka_unit_test_setup_teardown(test_set_role_invalid, trio_setup,
+                                        trio_teardown),
+        cmocka_unit_test_setup_teardown(test_set_role_with_links, trio_setup,
+                                        trio_teardown),
+        cmocka_unit_test(test_set_role_listen),
+        cmocka_unit_test_setup_teardown(test_role_rules, trio_setup,
+                                        trio_teardown),
+        cmocka_unit_test_setup_teardown(test_status_order_pull, trio_setup,
+                                        trio_teardown),
+        cmocka_unit_test_setup_teardown(test_status_order_push, trio_setup,
+                                        trio_teardown),
+        cmocka_unit_test(test_status_str),
+        cmocka_unit_test(test_version),
+    };
+    return cmocka_run_group_tests_name("instance", tests, NULL, NULL);
+}
