@@ -224,6 +224,12 @@ LLMDD_API const char *llmdd_version(void);
  * Whether one can reach a given peer is decided when linking.
  */
 LLMDD_API const char *llmdd_transport_list(void);
+/*
+ * llmdd_transport_info: one line about a built-in transport's environment
+ * (for "ucx": the UCX version and the devices UCX found), or NULL when the
+ * transport is not built in or has nothing to report. The string is static.
+ */
+LLMDD_API const char *llmdd_transport_info(const char *name);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,18 @@ struct llmdd__pool {
     uint8_t *used; /* one byte a page: simple, and pools are few pages */
 };
 
+/*
+ * Caches are allocated once and then written at full speed: map their pages
+ * writable now (MAP_POPULATE maps a shared mapping's pages read-only, so
+ * every first write would still fault). Best effort: kernels before 5.14
+ * lack MADV_POPULATE_WRITE and fault the pages in on first use.
+ */
+static void
+prefault(uint8_t *base, uint64_t len)
+{
+    (void)madvise(base, len, MADV_POPULATE_WRITE);
+}
+
 static llmdd_status
 pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
 {
@@ -48,13 +60,13 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
                   (unsigned long long)p->size, strerror(errno));
         goto err_fd;
     }
-    p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, p->fd, 0);
+    p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
     if (p->base == MAP_FAILED) {
         log_error("pool of %llu bytes: mmap: %s", (unsigned long long)p->size,
                   strerror(errno));
         goto err_fd;
     }
+    prefault(p->base, p->size);
     *out = p;
     return LLM_SUCCESS;
 
@@ -149,15 +161,14 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         close(m->fd);
         return LLM_OUT_OF_MEMORY;
     }
-    /* Prefaulted: a cache is allocated once and written at full speed. */
-    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                   m->fd, 0);
+    m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
     if (m->base == MAP_FAILED) {
         log_error("cache of %llu bytes: mmap: %s", (unsigned long long)len,
                   strerror(errno));
         close(m->fd);
         return LLM_OUT_OF_MEMORY;
     }
+    prefault(m->base, len);
     return LLM_SUCCESS;
 }
 

@@ -55,6 +55,16 @@ llmdd__transport_at(size_t i)
 }
 
 const char *
+llmdd_transport_info(const char *name)
+{
+    const llmdd_transport_ops *ops = name ? llmdd__transport_find(name) : NULL;
+
+    if (ops == NULL || ops->info == NULL)
+        return NULL;
+    return ops->info();
+}
+
+const char *
 llmdd_transport_list(void)
 {
     static const char list[] = "loop"

@@ -117,6 +117,13 @@ typedef struct llmdd_transport_ops {
      * own failed. Runs on a counted helper thread; may block until done.
      */
     void (*reopen)(struct llmdd__link *link);
+
+    /*
+     * Optional. One line about what the transport found on this machine
+     * (library version, devices), for llmdd_transport_info. The string is
+     * static; thread-safe.
+     */
+    const char *(*info)(void);
 } llmdd_transport_ops;
 
 /* The registry: transports in "auto" preference order. */

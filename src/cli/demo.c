@@ -1,0 +1,666 @@
+/*
+ * llmdd demo: a prompt and a decoder instance, each in its own process (or
+ * both in this one for the loop transport), with caches shaped like a real
+ * model. The decoder links, pulls a batch slot, a layer range and a set of
+ * paged blocks; the prompt pushes a slot back over the same link. Every
+ * transferred byte is checked against the deterministic fill.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define DEMO_PROMPT_ID 1
+#define DEMO_DECODER_ID 2
+#define DEMO_MAX_BLOCKS 64
+
+typedef struct {
+    cli_shape shape;
+    cli_lib_opts lo;
+    uint32_t seed;
+    int timeout_ms;
+} demo_cfg;
+
+enum {
+    DM_READY = 1,
+    DM_LINK,
+    DM_UNLINK,
+    DM_PULL_SLOT,
+    DM_PULL_LAYERS,
+    DM_PULL_BLOCKS,
+    DM_PUSH,
+    DM_VERIFY_SLOT,
+    DM_REPLY,
+};
+
+typedef struct {
+    uint32_t op;
+    uint16_t port;
+    int64_t remote_cache; /* the peer's cache the operation names */
+    uint32_t remote_seed; /* its pattern, for verification */
+    uint32_t src_slot, dst_slot;
+    int32_t first_layer, last_layer;
+    uint32_t nblocks;
+    uint64_t src_blocks[DEMO_MAX_BLOCKS];
+    uint64_t dst_blocks[DEMO_MAX_BLOCKS];
+} demo_cmd;
+
+typedef struct {
+    uint32_t status;
+    uint16_t port;
+    int64_t kv_id, paged_id;
+    uint64_t bytes;
+    int64_t ns;
+    int32_t verified; /* 1 yes, 0 no, -1 not checked */
+    uint64_t sum;
+    char err[768];
+} demo_reply;
+
+typedef struct {
+    const demo_cfg *cfg;
+    bool prompt;
+} demo_role;
+
+typedef struct {
+    const demo_cfg *cfg;
+    bool prompt;
+    llmdd *dd;
+    llmdd_cache kv, paged;
+    bool have_kv, have_paged;
+} demo_node;
+
+static const char demo_usage[] =
+    "Usage: llmdd demo [options]\n"
+    "\n"
+    "Starts a prompt and a decoder process on loopback with KV caches shaped\n"
+    "like a real model (default: Llama-3-8B, 32 layers x K,V, bf16, 8 KV\n"
+    "heads x 128 dims, 4 slots x 128 tokens = 64 MiB per cache), fills the\n"
+    "prompt's caches with a deterministic pattern, then: the decoder links,\n"
+    "pulls a whole batch slot, a layer range and a set of paged blocks; the\n"
+    "prompt pushes one slot into the decoder over that link. Every byte is\n"
+    "verified with a checksum. Exits 0 only if everything verified.\n"
+    "\n"
+    "Options:\n"
+    "  -t, --transport NAME  auto (default), loop, shm, tcp, ucx. auto picks\n"
+    "                        the fastest transport that reaches the peer.\n"
+    "                        loop only reaches an instance in the same\n"
+    "                        process, so with loop both instances run in\n"
+    "                        this one process (two threads)\n"
+    "      --layers N        same as --num-layers\n" CLI_SHAPE_HELP
+    "      --seed N          pattern seed (default 1)\n"
+    "      --timeout MS      link timeout (default 5000)\n"
+    "  -o, --option K=V      extra llmdd option for both instances\n"
+    "                        (e.g. -o llm.AuthToken=secret); see `llmdd info`\n"
+    "  -h, --help            this text\n";
+
+/* ---- The nodes. ---- */
+
+static void
+demo_fail(demo_reply *r, llmdd_status st, const char *what)
+{
+    r->status = st;
+    cli_fmt_st(r->err, sizeof(r->err), st, "%s", what);
+}
+
+static void
+demo_check(demo_reply *r, const cli_seg *segs, size_t n, uint32_t seed)
+{
+    cli_verdict v;
+
+    cli_verify(segs, n, seed, &v);
+    r->sum = v.got;
+    r->verified = v.ok ? 1 : 0;
+    if (!v.ok)
+        snprintf(r->err, sizeof(r->err),
+                 "checksum 0x%016" PRIx64 " of what arrived != 0x%016" PRIx64
+                 " of what was sent; first wrong byte: source tensor %" PRIu32
+                 " offset %" PRIu64,
+                 v.got, v.want, segs[v.bad_seg].src_tensor,
+                 segs[v.bad_seg].src_off + v.bad_off);
+}
+
+static void
+demo_setup(demo_node *n, demo_reply *r)
+{
+    const demo_cfg *cfg = n->cfg;
+    llmdd_cache_desc kv = cli_shape_kv(&cfg->shape);
+    llmdd_cache_desc paged = cli_shape_paged(&cfg->shape);
+    llmdd_status st;
+    uint16_t port = 0;
+
+    st = cli_instance(n->prompt ? DEMO_PROMPT_ID : DEMO_DECODER_ID,
+                      n->prompt ? LLMDD_ROLE_PROMPT : LLMDD_ROLE_DECODER,
+                      &cfg->lo, n->prompt ? "127.0.0.1" : NULL, &port, &n->dd,
+                      r->err, sizeof(r->err));
+    if (st != LLM_SUCCESS) {
+        r->status = st;
+        return;
+    }
+    if ((st = llmdd_allocate_cache(n->dd, &kv, &n->kv)) != LLM_SUCCESS) {
+        demo_fail(r, st, "llmdd_allocate_cache(KV cache)");
+        return;
+    }
+    n->have_kv = true;
+    if ((st = llmdd_allocate_cache(n->dd, &paged, &n->paged)) != LLM_SUCCESS) {
+        demo_fail(r, st, "llmdd_allocate_cache(paged cache)");
+        return;
+    }
+    n->have_paged = true;
+    if (n->prompt) {
+        int64_t t0 = cli_now_ns();
+        cli_fill_cache(&n->kv, cli_cache_seed(cfg->seed, n->kv.cache_id));
+        cli_fill_cache(&n->paged, cli_cache_seed(cfg->seed, n->paged.cache_id));
+        r->ns = cli_now_ns() - t0;
+        r->bytes = cli_desc_tensor_size(&kv) * kv.num_tensors +
+                   cli_desc_tensor_size(&paged) * paged.num_tensors;
+    } else {
+        /* A serving decoder allocates its caches once and reuses them, so
+         * the first write's page faults are not part of a transfer. */
+        int64_t t0 = cli_now_ns();
+        for (uint32_t t = 0; t < kv.num_tensors; t++) {
+            memset((void *)(uintptr_t)n->kv.tensor_addrs[t], 0,
+                   cli_desc_tensor_size(&kv));
+            memset((void *)(uintptr_t)n->paged.tensor_addrs[t], 0,
+                   cli_desc_tensor_size(&paged));
+        }
+        r->ns = cli_now_ns() - t0;
+        r->bytes = cli_desc_tensor_size(&kv) * kv.num_tensors +
+                   cli_desc_tensor_size(&paged) * paged.num_tensors;
+    }
+    r->port = port;
+    r->kv_id = n->kv.cache_id;
+    r->paged_id = n->paged.cache_id;
+}
+
+static void
+demo_do(demo_node *n, const demo_cmd *c, demo_reply *r)
+{
+    const demo_cfg *cfg = n->cfg;
+    uint64_t stride = cli_desc_stride(&n->kv.desc);
+    uint32_t nt = n->kv.desc.num_tensors;
+    llmdd_cache_index idx = {.cluster_id =
+                                 n->prompt ? DEMO_DECODER_ID : DEMO_PROMPT_ID,
+                             .cache_id = c->remote_cache,
+                             .batch_index = c->src_slot};
+    cli_seg *segs = NULL;
+    size_t nsegs = 0;
+    llmdd_status st = LLM_SUCCESS;
+    char what[128];
+    int64_t t0 = cli_now_ns();
+
+    r->verified = -1;
+    switch (c->op) {
+    case DM_LINK:
+        st = cli_link(n->dd, DEMO_PROMPT_ID, "127.0.0.1", c->port,
+                      cfg->timeout_ms, r->err, sizeof(r->err));
+        r->ns = cli_now_ns() - t0;
+        r->status = st;
+        return;
+    case DM_UNLINK:
+        st = cli_unlink(n->dd, DEMO_PROMPT_ID, "127.0.0.1", c->port,
+                        cfg->timeout_ms, r->err, sizeof(r->err));
+        r->ns = cli_now_ns() - t0;
+        r->status = st;
+        return;
+    case DM_PULL_SLOT:
+        st = llmdd_pull_kv_cache(n->dd, &idx, &n->kv, c->dst_slot, -1, NULL);
+        r->ns = cli_now_ns() - t0;
+        snprintf(what, sizeof(what),
+                 "llmdd_pull_kv_cache(slot %" PRIu32 " -> %" PRIu32 ")",
+                 c->src_slot, c->dst_slot);
+        r->bytes = stride * nt;
+        if (st == LLM_SUCCESS &&
+            !cli_segs_slot(&n->kv, 0, 0, nt, c->dst_slot * stride,
+                           c->src_slot * stride, stride, &segs, &nsegs))
+            st = LLM_OUT_OF_MEMORY;
+        break;
+    case DM_PULL_LAYERS: {
+        llmdd_kv_ext_param ext = {{c->first_layer, c->last_layer},
+                                  {c->first_layer, c->last_layer},
+                                  2};
+        uint32_t first = 2 * (uint32_t)c->first_layer;
+        uint32_t count = 2 * (uint32_t)(c->last_layer - c->first_layer + 1);
+        st = llmdd_pull_kv_cache(n->dd, &idx, &n->kv, c->dst_slot, -1, &ext);
+        r->ns = cli_now_ns() - t0;
+        snprintf(what, sizeof(what),
+                 "llmdd_pull_kv_cache(layers %" PRId32 "-%" PRId32 ")",
+                 c->first_layer, c->last_layer);
+        r->bytes = stride * count;
+        if (st == LLM_SUCCESS &&
+            !cli_segs_slot(&n->kv, first, first, count, c->dst_slot * stride,
+                           c->src_slot * stride, stride, &segs, &nsegs))
+            st = LLM_OUT_OF_MEMORY;
+        break;
+    }
+    case DM_PULL_BLOCKS:
+        idx.batch_index = 0;
+        st = llmdd_pull_kv_blocks(n->dd, &idx, &n->paged, c->src_blocks,
+                                  c->dst_blocks, c->nblocks, NULL);
+        r->ns = cli_now_ns() - t0;
+        snprintf(what, sizeof(what), "llmdd_pull_kv_blocks(%" PRIu32 " blocks)",
+                 c->nblocks);
+        r->bytes = cli_desc_stride(&n->paged.desc) * c->nblocks * nt;
+        if (st == LLM_SUCCESS &&
+            !cli_segs_blocks(&n->paged, c->src_blocks, c->dst_blocks,
+                             c->nblocks, &segs, &nsegs))
+            st = LLM_OUT_OF_MEMORY;
+        break;
+    case DM_PUSH: {
+        llmdd_cache_index dst = {.cluster_id = DEMO_DECODER_ID,
+                                 .cache_id = c->remote_cache,
+                                 .batch_index = c->dst_slot};
+        st = llmdd_push_kv_cache(n->dd, &n->kv, &dst, c->src_slot, -1, NULL);
+        r->ns = cli_now_ns() - t0;
+        r->bytes = stride * nt;
+        if (st != LLM_SUCCESS)
+            demo_fail(r, st, "llmdd_push_kv_cache");
+        return;
+    }
+    case DM_VERIFY_SLOT:
+        if (!cli_segs_slot(&n->kv, 0, 0, nt, c->dst_slot * stride,
+                           c->src_slot * stride, stride, &segs, &nsegs)) {
+            demo_fail(r, LLM_OUT_OF_MEMORY, "verify");
+            return;
+        }
+        demo_check(r, segs, nsegs, c->remote_seed);
+        free(segs);
+        return;
+    default:
+        demo_fail(r, LLM_PARAM_INVALID, "unknown command");
+        return;
+    }
+    if (st != LLM_SUCCESS)
+        demo_fail(r, st, what);
+    else
+        demo_check(r, segs, nsegs, c->remote_seed);
+    free(segs);
+}
+
+static int
+demo_node_main(void *arg, int in_fd, int out_fd)
+{
+    const demo_role *role = arg;
+    demo_node n = {.cfg = role->cfg, .prompt = role->prompt};
+    demo_reply *r = calloc(1, sizeof(*r));
+    int rc = CLI_EXIT_FAIL;
+
+    if (r == NULL)
+        return CLI_EXIT_FAIL;
+    demo_setup(&n, r);
+    if (cli_msg_send(out_fd, DM_READY, r, sizeof(*r), NULL, 0) != 0 ||
+        r->status != LLM_SUCCESS)
+        goto out;
+    for (;;) {
+        uint32_t type;
+        void *p;
+        size_t len;
+
+        if (cli_msg_recv(in_fd, &type, &p, &len) != 0)
+            break; /* the parent is done with us */
+        memset(r, 0, sizeof(*r));
+        if (len != sizeof(demo_cmd))
+            demo_fail(r, LLM_PARAM_INVALID, "malformed command");
+        else
+            demo_do(&n, p, r);
+        free(p);
+        if (cli_msg_send(out_fd, DM_REPLY, r, sizeof(*r), NULL, 0) != 0)
+            goto out;
+    }
+    rc = CLI_EXIT_OK;
+out:
+    if (n.have_paged)
+        llmdd_deallocate_cache(n.dd, n.paged.cache_id);
+    if (n.have_kv)
+        llmdd_deallocate_cache(n.dd, n.kv.cache_id);
+    llmdd_destroy(n.dd);
+    free(r);
+    return rc;
+}
+
+/* ---- The orchestrating parent. ---- */
+
+/*
+ * Sends a command (none: just the READY message) and waits for the answer,
+ * at most timeout_ms: every library call in a node is bounded by the link
+ * timeout or llm.SyncKvCacheWaitTime, so a node silent for longer is stuck.
+ */
+static bool
+demo_call(cli_node *node, const demo_cmd *c, demo_reply *r, int timeout_ms)
+{
+    uint32_t type;
+    void *p = NULL;
+    size_t len;
+
+    if (c != NULL &&
+        cli_msg_send(node->cmd_fd, c->op, c, sizeof(*c), NULL, 0) != 0) {
+        cli_err("the %s node stopped answering", node->name);
+        return false;
+    }
+    if (cli_node_wait(node, timeout_ms) == 0) {
+        cli_err("the %s node did not answer within %d s: a library call "
+                "is stuck; giving up",
+                node->name, timeout_ms / 1000);
+        cli_node_kill(node);
+        return false;
+    }
+    if (cli_msg_recv(node->rep_fd, &type, &p, &len) != 0 || len != sizeof(*r)) {
+        free(p);
+        cli_err("the %s node stopped answering", node->name);
+        return false;
+    }
+    memcpy(r, p, sizeof(*r));
+    free(p);
+    return true;
+}
+
+typedef struct {
+    char name[64];
+    demo_reply r;
+    bool moved; /* a transfer (counts toward "all verified") */
+} demo_row;
+
+static void
+demo_print(const demo_row *rows, size_t n)
+{
+    char b[32], t[32], g[32];
+
+    printf("\n%-40s %10s %10s %8s  %s\n", "operation", "bytes", "time", "GB/s",
+           "verified");
+    for (size_t i = 0; i < n; i++) {
+        const demo_reply *r = &rows[i].r;
+        if (rows[i].moved)
+            snprintf(g, sizeof(g), "%.2f", cli_gbps(r->bytes, r->ns));
+        else
+            snprintf(g, sizeof(g), "-");
+        printf("%-40s %10s %10s %8s  %s\n", rows[i].name,
+               rows[i].moved ? cli_fmt_bytes(b, sizeof(b), r->bytes) : "-",
+               cli_fmt_ns(t, sizeof(t), r->ns), g,
+               r->status != LLM_SUCCESS ? llmdd_status_str(r->status)
+               : r->verified == 1       ? "yes"
+               : r->verified == 0       ? "NO"
+                                        : "-");
+    }
+}
+
+static int
+demo_parse(demo_cfg *cfg, int argc, char **argv)
+{
+    enum { OPT_SEED = CLI_OPT_FIRST_FREE };
+    static const struct option longopts[] = {
+        {"transport", required_argument, NULL, 't'},
+        {"option", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {"layers", required_argument, NULL, CLI_OPT_LAYERS},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
+        CLI_SHAPE_LONGOPTS,
+        {NULL, 0, NULL, 0},
+    };
+    int opt;
+
+    while ((opt = getopt_long(argc, argv, "t:o:m:h", longopts, NULL)) != -1) {
+        uint32_t v;
+        int k;
+        switch (opt) {
+        case 'h':
+            fputs(demo_usage, stdout);
+            return -1;
+        case 't':
+            if (!cli_set_transport(&cfg->lo, optarg))
+                return CLI_EXIT_USAGE;
+            break;
+        case 'o':
+            if (!cli_add_option(&cfg->lo, optarg))
+                return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
+            break;
+        case 'm':
+            opt = CLI_OPT_MODEL;
+            /* fall through */
+        default:
+            if (opt == OPT_SEED) {
+                if (!cli_parse_u32(optarg, 0, UINT32_MAX, &cfg->seed))
+                    return cli_usage_err("--seed: bad number \"%s\"", optarg);
+                break;
+            }
+            if (opt == CLI_OPT_TIMEOUT) {
+                if (!cli_parse_u32(optarg, 1, 3600000, &v))
+                    return cli_usage_err("--timeout: bad milliseconds \"%s\"",
+                                         optarg);
+                cfg->timeout_ms = (int)v;
+                break;
+            }
+            k = cli_shape_opt(&cfg->shape, opt, optarg);
+            if (k < 0)
+                return CLI_EXIT_USAGE;
+            if (k == 0)
+                return cli_usage_err("bad option");
+            break;
+        }
+    }
+    if (optind < argc)
+        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    if (!cli_shape_check(&cfg->shape))
+        return CLI_EXIT_USAGE;
+    return 0;
+}
+
+int
+cli_demo(int argc, char **argv)
+{
+    demo_cfg cfg;
+    demo_row rows[8];
+    size_t nrows = 0;
+    cli_node prompt = {.cmd_fd = -1, .rep_fd = -1};
+    cli_node decoder = {.cmd_fd = -1, .rep_fd = -1};
+    demo_reply pr, dr;
+    demo_cmd c;
+    char b1[32], b2[32], b3[32], desc[96];
+    int rc = CLI_EXIT_FAIL;
+
+    memset(rows, 0, sizeof(rows));
+    cli_lib_opts_init(&cfg.lo);
+    cli_shape_default(&cfg.shape);
+    cfg.seed = CLI_DEFAULT_SEED;
+    cfg.timeout_ms = CLI_LINK_TIMEOUT_MS;
+    int prc = demo_parse(&cfg, argc, argv);
+    if (prc != 0) {
+        cli_lib_opts_fini(&cfg.lo);
+        return prc < 0 ? CLI_EXIT_OK : prc;
+    }
+
+    const cli_shape *s = &cfg.shape;
+    llmdd_cache_desc kv = cli_shape_kv(s), paged = cli_shape_paged(s);
+    uint64_t stride = cli_desc_stride(&kv);
+    uint64_t nb = (uint64_t)paged.shape[0];
+    bool threaded = strcmp(cfg.lo.transport, "loop") == 0;
+    uint64_t cache_bytes =
+        (cli_desc_tensor_size(&kv) + cli_desc_tensor_size(&paged)) *
+        kv.num_tensors;
+    /* Both processes hold a KV and a paged cache. */
+    if (!cli_memory_fits(2 * cache_bytes,
+                         "lower --tokens or --batch, or pick a smaller "
+                         "--model")) {
+        rc = CLI_EXIT_USAGE;
+        goto out;
+    }
+    printf("llmdd demo: %s KV layout, %" PRIu32 " layers x (K,V) = %" PRIu32
+           " tensors of %s\n",
+           s->model, s->layers, kv.num_tensors,
+           cli_fmt_desc(desc, sizeof(desc), &kv));
+    printf("  KV cache %s (%s per batch slot); paged cache %" PRIu64
+           " blocks of %" PRIu32 " tokens (%s per block)\n",
+           cli_fmt_bytes(b1, sizeof(b1),
+                         cli_desc_tensor_size(&kv) * kv.num_tensors),
+           cli_fmt_bytes(b2, sizeof(b2), stride * kv.num_tensors), nb,
+           s->block_tokens,
+           cli_fmt_bytes(b3, sizeof(b3),
+                         cli_desc_stride(&paged) * paged.num_tensors));
+    printf("  transport %s (%s%s); %s\n", cfg.lo.transport,
+           strcmp(cfg.lo.transport, "auto") == 0
+               ? "the first of these that reaches the peer: "
+               : "built in: ",
+           llmdd_transport_list(),
+           threaded ? "prompt and decoder are two instances in this process"
+                    : "prompt and decoder are separate processes");
+
+    /* Setting up fills the caches (about 1 GB/s at worst); an operation
+     * is one library call bounded by the link or the transfer timeout. */
+    int setup_ms = 60000 + (int)(cache_bytes >> 20) * 4;
+    int op_ms = cfg.timeout_ms + atoi(CLI_WAIT_MS) + 30000;
+    demo_role prole = {.cfg = &cfg, .prompt = true};
+    demo_role drole = {.cfg = &cfg, .prompt = false};
+    if (cli_node_start(&prompt, "prompt", threaded, demo_node_main, &prole) !=
+            0 ||
+        !demo_call(&prompt, NULL, &pr, setup_ms))
+        goto out;
+    if (pr.status != LLM_SUCCESS) {
+        cli_err("prompt: %s", pr.err);
+        goto out;
+    }
+    printf("  prompt: cluster %d, listening on 127.0.0.1:%u, KV cache %" PRId64
+           ", paged cache %" PRId64 ", filled %s in %s\n",
+           DEMO_PROMPT_ID, pr.port, pr.kv_id, pr.paged_id,
+           cli_fmt_bytes(b1, sizeof(b1), pr.bytes),
+           cli_fmt_ns(b2, sizeof(b2), pr.ns));
+    if (cli_node_start(&decoder, "decoder", threaded, demo_node_main, &drole) !=
+            0 ||
+        !demo_call(&decoder, NULL, &dr, setup_ms))
+        goto out;
+    if (dr.status != LLM_SUCCESS) {
+        cli_err("decoder: %s", dr.err);
+        goto out;
+    }
+    printf("  decoder: cluster %d, KV cache %" PRId64 ", paged cache %" PRId64
+           ", first-touched %s in %s\n",
+           DEMO_DECODER_ID, dr.kv_id, dr.paged_id,
+           cli_fmt_bytes(b1, sizeof(b1), dr.bytes),
+           cli_fmt_ns(b2, sizeof(b2), dr.ns));
+    fflush(stdout);
+
+    uint32_t kv_seed = cli_cache_seed(cfg.seed, pr.kv_id);
+    uint32_t paged_seed = cli_cache_seed(cfg.seed, pr.paged_id);
+    uint32_t L = s->layers;
+    int32_t first = (int32_t)(L / 4);
+    int32_t last = (int32_t)(L / 2 > 0 ? L / 2 - 1 : 0);
+    if (last < first)
+        last = first;
+    bool ok = true;
+
+    /* 1. link */
+    memset(&c, 0, sizeof(c));
+    c.op = DM_LINK;
+    c.port = pr.port;
+    snprintf(rows[nrows].name, sizeof(rows[0].name), "link decoder -> prompt");
+    if (!demo_call(&decoder, &c, &rows[nrows].r, op_ms))
+        goto out;
+    if (rows[nrows++].r.status != LLM_SUCCESS) {
+        demo_print(rows, nrows);
+        cli_err("decoder: %s", rows[nrows - 1].r.err);
+        goto out;
+    }
+
+    /* 2. a whole batch slot */
+    memset(&c, 0, sizeof(c));
+    c.op = DM_PULL_SLOT;
+    c.remote_cache = pr.kv_id;
+    c.remote_seed = kv_seed;
+    c.src_slot = 1 % s->batch;
+    c.dst_slot = 0;
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "pull slot %" PRIu32 " -> %" PRIu32 " (all %" PRIu32 " layers)",
+             c.src_slot, c.dst_slot, L);
+    rows[nrows].moved = true;
+    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
+        goto out;
+
+    /* 3. a layer range */
+    c.op = DM_PULL_LAYERS;
+    c.src_slot = c.dst_slot = 2 % s->batch;
+    c.first_layer = first;
+    c.last_layer = last;
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "pull layers %" PRId32 "-%" PRId32 " of slot %" PRIu32, first,
+             last, c.src_slot);
+    rows[nrows].moved = true;
+    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
+        goto out;
+
+    /* 4. paged blocks, scattered on the prompt into a fresh block table */
+    memset(&c, 0, sizeof(c));
+    c.op = DM_PULL_BLOCKS;
+    c.remote_cache = pr.paged_id;
+    c.remote_seed = paged_seed;
+    c.nblocks = (uint32_t)(nb / 2 > DEMO_MAX_BLOCKS ? DEMO_MAX_BLOCKS
+                           : nb / 2 > 0             ? nb / 2
+                                                    : 1);
+    cli_pick_blocks(nb, c.nblocks, c.src_blocks, c.dst_blocks);
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "pull %" PRIu32 " paged blocks (scattered)", c.nblocks);
+    rows[nrows].moved = true;
+    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
+        goto out;
+
+    /* 5. the prompt pushes a slot into the decoder over the same link */
+    memset(&c, 0, sizeof(c));
+    c.op = DM_PUSH;
+    c.remote_cache = dr.kv_id;
+    c.src_slot = c.dst_slot = 3 % s->batch;
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "push slot %" PRIu32 " -> %" PRIu32 " (prompt -> decoder)",
+             c.src_slot, c.dst_slot);
+    rows[nrows].moved = true;
+    demo_reply *push = &rows[nrows++].r;
+    if (!demo_call(&prompt, &c, push, op_ms))
+        goto out;
+    if (push->status == LLM_SUCCESS) {
+        demo_reply vr;
+        c.op = DM_VERIFY_SLOT;
+        c.remote_seed = kv_seed;
+        if (!demo_call(&decoder, &c, &vr, op_ms))
+            goto out;
+        push->verified = vr.verified;
+        push->sum = vr.sum;
+        memcpy(push->err, vr.err, sizeof(vr.err));
+        if (vr.status != LLM_SUCCESS)
+            push->status = vr.status;
+    }
+
+    /* 6. unlink */
+    memset(&c, 0, sizeof(c));
+    c.op = DM_UNLINK;
+    c.port = pr.port;
+    snprintf(rows[nrows].name, sizeof(rows[0].name), "unlink");
+    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
+        goto out;
+
+    demo_print(rows, nrows);
+    uint64_t moved = 0;
+    for (size_t i = 0; i < nrows; i++) {
+        const demo_reply *r = &rows[i].r;
+        if (r->status != LLM_SUCCESS || (rows[i].moved && r->verified != 1)) {
+            ok = false;
+            cli_err("%s: %s", rows[i].name, r->err);
+        }
+        if (rows[i].moved)
+            moved += r->bytes;
+    }
+    if (ok) {
+        printf("\nOK: every transfer verified (%s moved; checksums match "
+               "the deterministic fill).\n",
+               cli_fmt_bytes(b1, sizeof(b1), moved));
+        rc = CLI_EXIT_OK;
+    } else {
+        printf("\nFAILED: see the errors above.\n");
+    }
+out:
+    fflush(stdout);
+    if (cli_node_stop(&decoder) != 0 && rc == CLI_EXIT_OK)
+        rc = CLI_EXIT_FAIL;
+    if (cli_node_stop(&prompt) != 0 && rc == CLI_EXIT_OK)
+        rc = CLI_EXIT_FAIL;
+    cli_lib_opts_fini(&cfg.lo);
+    return rc;
+}

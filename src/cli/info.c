@@ -1,0 +1,267 @@
+/*
+ * llmdd info: the version, the transports compiled in and whether each
+ * works here (a real link and a verified pull between two instances of
+ * this process), every option key and environment variable.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static const char info_usage[] =
+    "Usage: llmdd info [--no-probe]\n"
+    "\n"
+    "Prints the library version, the transports compiled in and whether\n"
+    "each is usable here (two instances of this process link over it and\n"
+    "pull a small verified cache), every option key with its default and\n"
+    "meaning, and the environment variables.\n"
+    "\n"
+    "Options:\n"
+    "      --no-probe  list the transports without trying them\n"
+    "  -h, --help      this text\n";
+
+static const struct {
+    const char *key, *value, *def, *meaning;
+} info_options[] = {
+    {"llm.ListenIpInfo", "IP:PORT or [IPv6]:PORT, port 1..65535",
+     "not listening",
+     "listen there for links (the prompt side; `llmdd serve --listen`)"},
+    {"llm.DeviceId", "integer >= 0", "0",
+     "device for caches with device placement"},
+    {"llm.SyncKvCacheWaitTime", "milliseconds > 0", "1000",
+     "every transfer returns within it (LLM_TIMEOUT past it); the tool "
+     "sets " CLI_WAIT_MS " unless -o overrides it"},
+    {"llm.HostMemPoolConfig", "{\"memory_size\": N, \"page_shift\": S}",
+     "no pool",
+     "llmdd_allocate_cache takes host memory from one pool of N bytes in "
+     "pages of 2^S (S 12..30, default 16)"},
+    {"llm.MemPoolConfig", "same as above", "no pool",
+     "the same for device memory"},
+    {"llm.Transport", "auto, loop, shm, tcp, ucx", "auto",
+     "auto takes the first built-in transport (in the order below) that "
+     "reaches the peer; a named one must reach it or the link fails"},
+    {"llm.AuthToken", "a secret, 1..1024 bytes", "none",
+     "peers with a different token cannot link (HMAC challenge; the token "
+     "never crosses the wire)"},
+};
+
+static const struct {
+    const char *name, *def, *meaning;
+} info_env[] = {
+    {"LLMDD_LOG_LEVEL", "warn",
+     "error, warn, info or debug: what the library logs to stderr"},
+    {"UCX_TLS and other UCX_*", "UCX's own",
+     "read by UCX itself when the ucx transport is used"},
+    {"UCX_TCP_TX_SEG_SIZE", "256k (set by llmdd)",
+     "ucx over tcp only: llmdd raises UCX's segment size for KV-sized "
+     "transfers unless this is set"},
+    {"UCX_TCP_RX_SEG_SIZE", "256k (set by llmdd)", "the same, receiving"},
+};
+
+static const struct {
+    const char *name, *what;
+} info_transports[] = {
+    {"loop", "both instances in one process: a bounds-checked memcpy"},
+    {"shm", "processes on one host: shared memory"},
+    {"ucx", "UCX (RDMA, shared memory, TCP, as UCX finds them)"},
+    {"tcp", "processes or hosts: one-sided reads and writes over TCP"},
+};
+
+/* Links two instances of this process over `name` and pulls 2 x 64 KiB. */
+static bool
+info_probe(const char *name, char *why, size_t cap, int64_t *ns)
+{
+    cli_lib_opts lo;
+    llmdd *p = NULL, *d = NULL;
+    llmdd_cache pc, dc;
+    bool have_pc = false, have_dc = false, linked = false, ok = false;
+    llmdd_cache_desc desc = {.num_tensors = 2,
+                             .data_type = LLMDD_DT_UINT8,
+                             .num_dims = 2,
+                             .shape = {2, 65536}};
+    uint16_t port = 0;
+    llmdd_status st;
+    int64_t t0 = cli_now_ns();
+
+    cli_lib_opts_init(&lo);
+    snprintf(lo.transport, sizeof(lo.transport), "%s", name);
+    if (cli_instance(1, LLMDD_ROLE_PROMPT, &lo, "127.0.0.1", &port, &p, why,
+                     cap) != LLM_SUCCESS ||
+        cli_instance(2, LLMDD_ROLE_DECODER, &lo, NULL, NULL, &d, why, cap) !=
+            LLM_SUCCESS)
+        goto out;
+    if ((st = llmdd_allocate_cache(p, &desc, &pc)) != LLM_SUCCESS) {
+        cli_fmt_st(why, cap, st, "llmdd_allocate_cache");
+        goto out;
+    }
+    have_pc = true;
+    if ((st = llmdd_allocate_cache(d, &desc, &dc)) != LLM_SUCCESS) {
+        cli_fmt_st(why, cap, st, "llmdd_allocate_cache");
+        goto out;
+    }
+    have_dc = true;
+    cli_fill_cache(&pc, cli_cache_seed(CLI_DEFAULT_SEED, pc.cache_id));
+    if (cli_link(d, 1, "127.0.0.1", port, 2000, why, cap) != LLM_SUCCESS)
+        goto out;
+    linked = true;
+    llmdd_cache_index idx = {1, pc.cache_id, 1};
+    if ((st = llmdd_pull_kv_cache(d, &idx, &dc, 0, -1, NULL)) != LLM_SUCCESS) {
+        cli_fmt_st(why, cap, st, "llmdd_pull_kv_cache");
+        goto out;
+    }
+    cli_seg *segs;
+    size_t n;
+    if (!cli_segs_slot(&dc, 0, 0, 2, 0, 65536, 65536, &segs, &n)) {
+        snprintf(why, cap, "out of memory");
+        goto out;
+    }
+    cli_verdict v;
+    cli_verify(segs, n, cli_cache_seed(CLI_DEFAULT_SEED, pc.cache_id), &v);
+    free(segs);
+    if (!v.ok) {
+        snprintf(why, cap, "the pulled bytes differ from the source");
+        goto out;
+    }
+    *ns = cli_now_ns() - t0;
+    ok = true;
+out:
+    if (linked) {
+        char ignored[256];
+        cli_unlink(d, 1, "127.0.0.1", port, 2000, ignored, sizeof(ignored));
+    }
+    if (have_dc)
+        llmdd_deallocate_cache(d, dc.cache_id);
+    if (have_pc)
+        llmdd_deallocate_cache(p, pc.cache_id);
+    llmdd_destroy(d);
+    llmdd_destroy(p);
+    cli_lib_opts_fini(&lo);
+    return ok;
+}
+
+#define INFO_PROBE_MS 15000
+
+typedef struct {
+    bool ok;
+    int64_t ns;
+    char why[1024];
+} info_result;
+
+static int
+info_probe_main(void *arg, int in_fd, int out_fd)
+{
+    info_result r;
+
+    (void)in_fd;
+    memset(&r, 0, sizeof(r));
+    r.ok = info_probe(arg, r.why, sizeof(r.why), &r.ns);
+    return cli_msg_send(out_fd, 1, &r, sizeof(r), NULL, 0) == 0 ? CLI_EXIT_OK
+                                                                : CLI_EXIT_FAIL;
+}
+
+/* Probes in a child process, so a transport that hangs or crashes costs
+ * this command at most INFO_PROBE_MS. */
+static bool
+info_probe_bounded(const char *name, info_result *r)
+{
+    cli_node n = {.cmd_fd = -1, .rep_fd = -1};
+    uint32_t type;
+    void *p = NULL;
+    size_t len;
+    bool ok = false;
+
+    memset(r, 0, sizeof(*r));
+    if (cli_node_start(&n, name, false, info_probe_main, (void *)name) != 0) {
+        snprintf(r->why, sizeof(r->why), "cannot start a probe process");
+        return false;
+    }
+    if (cli_node_wait(&n, INFO_PROBE_MS) == 0) {
+        cli_node_kill(&n);
+        snprintf(r->why, sizeof(r->why),
+                 "linking and pulling 128 KiB did not finish within %d s",
+                 INFO_PROBE_MS / 1000);
+    } else if (cli_msg_recv(n.rep_fd, &type, &p, &len) == 0 &&
+               len == sizeof(*r)) {
+        memcpy(r, p, sizeof(*r));
+        ok = r->ok;
+    } else {
+        snprintf(r->why, sizeof(r->why), "the probe process crashed");
+    }
+    free(p);
+    if (cli_node_stop(&n) != 0)
+        ok = false;
+    return ok;
+}
+
+int
+cli_info(int argc, char **argv)
+{
+    enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
+    static const struct option longopts[] = {
+        {"no-probe", no_argument, NULL, OPT_NO_PROBE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    bool probe = true;
+    int opt;
+
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            fputs(info_usage, stdout);
+            return CLI_EXIT_OK;
+        case OPT_NO_PROBE:
+            probe = false;
+            break;
+        default:
+            return cli_usage_err("bad option");
+        }
+    }
+    if (optind < argc)
+        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+
+    printf("llmdd %s (library); tool built against the %d.%d.%d header\n",
+           llmdd_version(), LLMDD_VERSION_MAJOR, LLMDD_VERSION_MINOR,
+           LLMDD_VERSION_PATCH);
+    printf("\nTransports built in, in auto's order of preference: %s\n",
+           llmdd_transport_list());
+    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
+         i++) {
+        const char *name = info_transports[i].name;
+        char t[32];
+        info_result res;
+
+        if (!cli_transport_built(name)) {
+            printf("  %-5s not built in (%s)\n", name, info_transports[i].what);
+            continue;
+        }
+        if (!probe) {
+            printf("  %-5s built in (%s)\n", name, info_transports[i].what);
+            continue;
+        }
+        fflush(stdout);
+        if (info_probe_bounded(name, &res))
+            printf("  %-5s usable here: linked and pulled 128 KiB, verified, "
+                   "in %s (%s)\n",
+                   name, cli_fmt_ns(t, sizeof(t), res.ns),
+                   info_transports[i].what);
+        else
+            printf("  %-5s built in but NOT usable here: %s\n", name, res.why);
+    }
+
+    printf("\nOption keys (llmdd_initialize, llmdd_set_role; `-o KEY=VALUE` "
+           "on the tool):\n");
+    for (size_t i = 0; i < sizeof(info_options) / sizeof(info_options[0]); i++)
+        printf("  %-24s default: %s\n  %-24s value:   %s\n  %-24s %s\n",
+               info_options[i].key, info_options[i].def, "",
+               info_options[i].value, "", info_options[i].meaning);
+    printf("\nEnvironment variables:\n");
+    for (size_t i = 0; i < sizeof(info_env) / sizeof(info_env[0]); i++)
+        printf("  %-24s default: %s\n  %-24s %s\n", info_env[i].name,
+               info_env[i].def, "", info_env[i].meaning);
+    printf("\nExit status of every command: 0 success, 1 a library call or a "
+           "check failed,\n2 bad usage.\n");
+    return CLI_EXIT_OK;
+}

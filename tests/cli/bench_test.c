@@ -1,0 +1,265 @@
+/*
+ * `llmdd bench`: short sweeps whose JSON and CSV output is parsed and
+ * checked (rows, sizes, counts, percentiles, baselines and ratios), every
+ * --op, several decoders, registered memory, and the gnuplot picture.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+
+/* Runs bench with args (NULL-ended) plus --json FILE; returns the JSON. */
+static cJSON *
+bench_json(const char *const *args, cu_result *res)
+{
+    const char *argv[48];
+    char path[64];
+    size_t n = 0;
+
+    cu_tmpname(path, sizeof(path), ".json");
+    argv[n++] = "bench";
+    for (; *args != NULL && n < 44; args++)
+        argv[n++] = *args;
+    argv[n++] = "--json";
+    argv[n++] = path;
+    argv[n++] = "--no-progress";
+    argv[n] = NULL;
+    *res = cu_run(90, argv);
+    if (res->code != 0)
+        cu_dump("bench", res);
+    assert_int_equal(res->code, 0);
+    char *text = cu_read_file(path, NULL);
+    assert_non_null(text);
+    unlink(path);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    assert_non_null(root);
+    return root;
+}
+
+static double
+num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v))
+        fail_msg("JSON: no number \"%s\"", key);
+    return v->valuedouble;
+}
+
+static const char *
+str(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v))
+        fail_msg("JSON: no string \"%s\"", key);
+    return v->valuestring;
+}
+
+static const cJSON *
+obj(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (v == NULL)
+        fail_msg("JSON: no \"%s\"", key);
+    return v;
+}
+
+/* The checks every sweep row must pass. */
+static void
+check_row(const cJSON *row, double block, double blocks, double calls,
+          const char *base)
+{
+    assert_true(num(row, "block_size") == block);
+    assert_true(num(row, "blocks") == blocks);
+    assert_true(num(row, "bytes_per_call") == block * blocks);
+    assert_true(num(row, "calls") == calls);
+    double gbps = num(row, "gbps"), p50 = num(row, "p50_us");
+    assert_true(gbps > 0);
+    assert_true(p50 > 0);
+    assert_true(num(row, "p99_us") >= p50);
+    assert_true(num(row, "blocks_per_s") > 0);
+    const cJSON *b = obj(row, "baseline");
+    assert_string_equal(str(b, "kind"), base);
+    assert_true(num(b, "gbps") > 0);
+    assert_true(num(b, "p50_us") > 0);
+    double ratio = num(row, "ratio");
+    assert_true(fabs(ratio - gbps / num(b, "gbps")) <= 1e-6 * ratio + 1e-9);
+}
+
+static void
+test_bench_tcp_sweep_json_csv(void **state)
+{
+    (void)state;
+    char csv[64];
+    cu_tmpname(csv, sizeof(csv), ".csv");
+    const char *args[] = {
+        "--transport", "tcp", "--block-size", "4K:16K", "--iters", "20",
+        "--warmup",    "2",   "--total-size", "1M",     "--csv",   csv,
+        NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+
+    assert_string_equal(str(root, "tool"), "llmdd bench");
+    assert_non_null(strstr(str(root, "command"), "--block-size 4K:16K"));
+    assert_true(num(obj(root, "host"), "cores") >= 1);
+    const cJSON *cfg = obj(root, "config");
+    assert_string_equal(str(cfg, "op"), "pull");
+    assert_string_equal(str(cfg, "transport"), "tcp");
+    assert_string_equal(str(cfg, "baseline"), "tcp");
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 3);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *row = cJSON_GetArrayItem(rows, i);
+        check_row(row, 4096 << i, 1, 20, "tcp");
+        assert_true(num(row, "iters") == 20);
+        assert_true(num(row, "warmup") == 2);
+    }
+    cJSON_Delete(root);
+    /* The table went to stdout, one line per row. */
+    assert_non_null(strstr(r.out, "    4 KiB"));
+    assert_non_null(strstr(r.out, "   16 KiB"));
+    cu_result_free(&r);
+
+    char *text = cu_read_file(csv, NULL);
+    assert_non_null(text);
+    unlink(csv);
+    assert_int_equal(cu_count(text, "\n"), 4);
+    assert_true(strncmp(text, "op,transport,decoders,block_size", 32) == 0);
+    assert_non_null(strstr(text, "\npull,tcp,1,8192,1,8192,20,"));
+    free(text);
+}
+
+static void
+test_bench_push_two_decoders_loop(void **state)
+{
+    (void)state;
+    const char *args[] = {"-t",           "loop", "--op",     "push",
+                          "--decoders",   "2",    "--blocks", "2",
+                          "--block-size", "64K",  "--iters",  "10",
+                          "--total-size", "1M",   NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    assert_non_null(strstr(r.out, "threads: loop needs one process"));
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 1);
+    /* Two decoders, ten timed pushes each. */
+    check_row(cJSON_GetArrayItem(rows, 0), 65536, 2, 20, "memcpy");
+    assert_string_equal(str(obj(root, "config"), "op"), "push");
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
+static void
+test_bench_pull_blocks(void **state)
+{
+    (void)state;
+    const char *args[] = {
+        "-t",           "tcp",      "--op", "pull-blocks", "--block-size",
+        "16K",          "--blocks", "64",   "--iters",     "5",
+        "--total-size", "2M",       NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 1);
+    check_row(cJSON_GetArrayItem(rows, 0), 16384, 64, 5, "tcp");
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
+static void
+test_bench_link(void **state)
+{
+    (void)state;
+    const char *args[] = {"--op", "link",       "--iters", "5", "--warmup",
+                          "1",    "--decoders", "2",       NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 1);
+    const cJSON *row = cJSON_GetArrayItem(rows, 0);
+    assert_true(num(row, "iters") == 5);
+    assert_true(num(row, "link_p50_us") > 0);
+    assert_true(num(row, "link_p99_us") >= num(row, "link_p50_us"));
+    assert_true(num(row, "unlink_p50_us") > 0);
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
+static void
+test_bench_register_auto(void **state)
+{
+    (void)state;
+    const char *args[] = {"--register", "--decoders",   "2",    "--block-size",
+                          "8K:16K",     "--iters",      "5",    "--warmup",
+                          "0",          "--total-size", "256K", NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    assert_non_null(strstr(r.out, "prompt memory registered"));
+    assert_true(cJSON_IsTrue(obj(obj(root, "config"), "register")));
+    const char *base = str(obj(root, "config"), "baseline");
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 2);
+    for (int i = 0; i < 2; i++)
+        check_row(cJSON_GetArrayItem(rows, i), 8192 << i, 1, 10, base);
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
+static bool
+have_gnuplot(void)
+{
+    return access("/usr/bin/gnuplot", X_OK) == 0 ||
+           access("/usr/local/bin/gnuplot", X_OK) == 0;
+}
+
+static void
+test_bench_plot(void **state)
+{
+    (void)state;
+    if (!have_gnuplot())
+        skip();
+    char png[64];
+    cu_tmpname(png, sizeof(png), ".png");
+    const char *args[] = {"bench",  "-t",      "loop", "--block-size",
+                          "4K:64K", "--iters", "5",    "--total-size",
+                          "1M",     "--plot",  png,    "--no-progress",
+                          NULL};
+    cu_result r = cu_run(90, args);
+    if (r.code != 0)
+        cu_dump("bench --plot", &r);
+    assert_int_equal(r.code, 0);
+    size_t len = 0;
+    char *data = cu_read_file(png, &len);
+    assert_non_null(data);
+    unlink(png);
+    assert_true(len > 1000);
+    assert_memory_equal(data, "\x89PNG\r\n\x1a\n", 8);
+    free(data);
+    cu_result_free(&r);
+}
+
+static int
+teardown(void **state)
+{
+    (void)state;
+    cu_reap_all();
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_bench_tcp_sweep_json_csv, teardown),
+        cmocka_unit_test_teardown(test_bench_push_two_decoders_loop, teardown),
+        cmocka_unit_test_teardown(test_bench_pull_blocks, teardown),
+        cmocka_unit_test_teardown(test_bench_link, teardown),
+        cmocka_unit_test_teardown(test_bench_register_auto, teardown),
+        cmocka_unit_test_teardown(test_bench_plot, teardown),
+    };
+    return cu_main("bench", tests, sizeof(tests) / sizeof(tests[0]), argc,
+                   argv);
+}
