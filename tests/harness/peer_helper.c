@@ -9,10 +9,14 @@
  *   dealloc ID | ping | check ID SEED (verify a cache still holds SEED)
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
  *          --auth TOKEN --wait MS --pool JSON
+ *          --no-dumpable (no value: refuse other processes' cross-memory
+ *          attach, as prctl(PR_SET_DUMPABLE, 0) does without CAP_SYS_PTRACE)
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
+#include "core/internal.h"
 #include "harness/harness.h"
 
 #define MAX_CACHES 64
@@ -30,6 +34,17 @@ reply_status(llmdd_status st, int64_t id)
     fflush(stdout);
 }
 
+/*
+ * Hands this thread's writes to a cache (a fill) to the instance's threads,
+ * and theirs (a push) to this one, through the registry lock. The real
+ * happens-before edge goes through the test process, which TSan cannot see.
+ */
+static void
+cache_sync(llmdd *dd, int64_t id)
+{
+    llmdd__cache_put(dd, llmdd__cache_get(dd, id));
+}
+
 static void
 alloc(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
 {
@@ -38,6 +53,7 @@ alloc(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
 
     if (st == LLM_SUCCESS) {
         th_fill(&c, seed);
+        cache_sync(dd, c.cache_id);
         if (ncaches < MAX_CACHES)
             caches[ncaches++] = c;
     }
@@ -45,8 +61,9 @@ alloc(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
 }
 
 static void
-check(long long id, uint32_t seed)
+check(llmdd *dd, long long id, uint32_t seed)
 {
+    cache_sync(dd, id);
     for (int i = 0; i < ncaches; i++) {
         if (caches[i].cache_id != id)
             continue;
@@ -79,8 +96,16 @@ main(int argc, char **argv)
     uint16_t port;
     llmdd *dd;
 
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *k = argv[i], *v = argv[i + 1];
+    for (int i = 1; i < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1]; /* argv[argc] is NULL */
+        if (strcmp(k, "--no-dumpable") == 0) {
+            if (prctl(PR_SET_DUMPABLE, 0) != 0)
+                return 2;
+            i--; /* a flag without a value */
+            continue;
+        }
+        if (v == NULL)
+            break;
         if (strcmp(k, "--cluster") == 0)
             cluster = strtoull(v, NULL, 10);
         else if (strcmp(k, "--role") == 0)
@@ -111,6 +136,7 @@ main(int argc, char **argv)
         fprintf(stderr, "peer_helper: cache setup failed\n");
         return 1;
     }
+    cache_sync(dd, pc.small); /* the last one th_peer_setup filled */
     printf("READY %u %lld %lld %lld %lld\n", port, (long long)pc.kv,
            (long long)pc.reg, (long long)pc.blocks, (long long)pc.small);
     fflush(stdout);
@@ -139,7 +165,7 @@ main(int argc, char **argv)
         } else if (sscanf(line, "dealloc %lld", &id) == 1) {
             reply_status(llmdd_deallocate_cache(dd, id), id);
         } else if (sscanf(line, "check %lld %u", &id, &a) == 2) {
-            check(id, a);
+            check(dd, id, a);
         } else if (strncmp(line, "ping", 4) == 0) {
             reply_status(LLM_SUCCESS, 0);
         } else {

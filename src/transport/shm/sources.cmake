@@ -1,0 +1,3 @@
+# The shm transport: same-kernel peers share memfds and use CMA.
+list(APPEND LLMDD_SOURCES src/transport/shm/shm.c)
+list(APPEND LLMDD_DEFS LLMDD_HAVE_SHM)

@@ -1,0 +1,683 @@
+/*
+ * The socket data plane (stream.h): one-sided reads and writes served from
+ * registered memory over dedicated data connections.
+ *
+ * Each link has data connections beside its control connection, all opened
+ * by the client (the side that linked): FWD connections carry the client's
+ * requests, REV connections the server's, so both sides can pull and push
+ * although only one listens. A requester takes an idle connection from its
+ * pool for a whole transfer; a serving thread per connection answers
+ * requests in order. READ data goes out with writev straight from the cache
+ * and lands with readv straight in the destination: no copy in user space.
+ *
+ * A connection whose transfer failed midway is closed (its stream position is
+ * unknown); the client opens a new FWD connection on demand; the server asks
+ * the client for a new REV connection (llmdd__link_ask_reopen, answered by
+ * llmdd__stream_reopen). Thread-safe: the pool is guarded by
+ * llmdd__stream.lock.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "ctrl/net.h"
+#include "ctrl/wire.h"
+#include "transport/stream/stream.h"
+
+#define STREAM_SERVE_MAX 8
+#define STREAM_IOV_MAX 512
+#define STREAM_STALL_MS 5000 /* a serving side gives up on a peer this silent */
+
+struct llmdd__stream {
+    llmdd__link *link;
+    int nfwd, nrev; /* requester connections allowed: client, server */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int idle[LLMDD__STREAM_CONNS_MAX]; /* idle requester connections */
+    int nidle;
+    int nconns; /* requester connections open, idle or busy */
+    int busy[LLMDD__STREAM_CONNS_MAX];
+    int nbusy;
+    int serve[STREAM_SERVE_MAX]; /* connections being served, for shutdown */
+    int nserve;
+    bool down;
+};
+
+/* ---- Scatter/gather over (tensor, run) segments. ---- */
+
+typedef struct {
+    uint8_t *const *bases; /* per tensor */
+    uint32_t count;
+    const uint64_t *offs; /* run i at offs[i * step] */
+    const uint64_t *lens;
+    size_t step;
+    size_t nruns;
+    /* position */
+    uint32_t t;
+    size_t r;
+    uint64_t done; /* bytes done in the current segment */
+} seg_iter;
+
+static size_t
+seg_fill(const seg_iter *it, struct iovec *iov, size_t max)
+{
+    uint32_t t = it->t;
+    size_t r = it->r, n = 0;
+    uint64_t done = it->done;
+
+    while (n < max && t < it->count) {
+        uint64_t off = it->offs[r * it->step], len = it->lens[r * it->step];
+        iov[n].iov_base = it->bases[t] + off + done;
+        iov[n].iov_len = (size_t)(len - done);
+        n++;
+        done = 0;
+        if (++r == it->nruns) {
+            r = 0;
+            t++;
+        }
+    }
+    return n;
+}
+
+static void
+seg_advance(seg_iter *it, size_t bytes)
+{
+    while (bytes > 0 && it->t < it->count) {
+        uint64_t left = it->lens[it->r * it->step] - it->done;
+        if (bytes < left) {
+            it->done += bytes;
+            return;
+        }
+        bytes -= (size_t)left;
+        it->done = 0;
+        if (++it->r == it->nruns) {
+            it->r = 0;
+            it->t++;
+        }
+    }
+}
+
+/*
+ * Moves every segment through fd. With stall_ms > 0 the deadline moves
+ * forward on each progress (a serving side); otherwise it is absolute.
+ */
+static int
+seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
+       int stall_ms)
+{
+    struct iovec iov[STREAM_IOV_MAX];
+
+    while (it->t < it->count) {
+        size_t n = seg_fill(it, iov, STREAM_IOV_MAX);
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
+        ssize_t k = send ? sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL)
+                         : recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (k > 0) {
+            seg_advance(it, (size_t)k);
+            if (stall_ms > 0)
+                deadline = llmdd__now_ms() + stall_ms;
+            continue;
+        }
+        if (k == 0 && !send)
+            return -1;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (llmdd__wait_fd(dd, fd, send ? POLLOUT : POLLIN, deadline) != 1)
+            return -1;
+    }
+    return 0;
+}
+
+/* Reads and throws away len bytes (a refused WRITE's payload). */
+static int
+drain(llmdd *dd, int fd, uint64_t len)
+{
+    uint8_t buf[65536];
+
+    while (len > 0) {
+        size_t n = len < sizeof(buf) ? (size_t)len : sizeof(buf);
+        int64_t stall = llmdd__now_ms() + STREAM_STALL_MS;
+        if (llmdd__read_full(dd, fd, buf, n, stall) != 0)
+            return -1;
+        len -= n;
+    }
+    return 0;
+}
+
+/* ---- Serving side. ---- */
+
+static bool
+serve_track(llmdd__stream *s, int fd, bool add)
+{
+    bool ok = true;
+
+    pthread_mutex_lock(&s->lock);
+    if (add) {
+        ok = !s->down && s->nserve < STREAM_SERVE_MAX;
+        if (ok)
+            s->serve[s->nserve++] = fd;
+    } else {
+        for (int i = 0; i < s->nserve; i++) {
+            if (s->serve[i] == fd) {
+                s->serve[i] = s->serve[--s->nserve];
+                break;
+            }
+        }
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+static int
+serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
+{
+    uint8_t out[16 + 8 * LLMDD_MAX_DIMS + 16];
+    llmdd__cache *c = NULL;
+    uint32_t st = LLM_KV_CACHE_NOT_EXIST;
+    int64_t id;
+    size_t n;
+
+    if (llmdd__wire_i64_decode(buf, len, &id) != 0)
+        return -1;
+    c = llmdd__cache_get(dd, id);
+    if (c != NULL)
+        st = LLM_SUCCESS;
+    n = llmdd__wire_desc_encode(st, c != NULL ? &c->desc : NULL, out,
+                                sizeof(out));
+    llmdd__cache_put(dd, c);
+    return llmdd__send_msg(dd, fd, WMSG_QUERY_REPLY, out, n,
+                           llmdd__now_ms() + STREAM_STALL_MS);
+}
+
+static int
+serve_rw(llmdd *dd, int fd, uint16_t type, const uint8_t *buf, size_t len,
+         uint64_t *offs, uint64_t *lens)
+{
+    llmdd__rw_req req = {.offs = offs, .lens = lens};
+    llmdd__cache *c = NULL;
+    uint8_t out[16];
+    llmdd_status st;
+    size_t n;
+    int rc = 0;
+
+    if (llmdd__wire_rw_decode(buf, len, &req) != 0)
+        return -1;
+    st = llmdd__cache_get_span(dd, req.cache_id, req.first, req.count, offs,
+                               lens, req.nruns, &c);
+    uint8_t *bases[1];
+    seg_iter it = {.offs = offs, .lens = lens, .step = 1, .nruns = req.nruns};
+    uint8_t **tb = NULL;
+    if (st == LLM_SUCCESS) {
+        tb = req.count == 1 ? bases : malloc(req.count * sizeof(*tb));
+        if (tb == NULL) {
+            st = LLM_OUT_OF_MEMORY;
+        } else {
+            for (uint32_t t = 0; t < req.count; t++)
+                tb[t] = (uint8_t *)(uintptr_t)c->addrs[req.first + t];
+            it.bases = tb;
+            it.count = req.count;
+        }
+    }
+    int64_t stall = llmdd__now_ms() + STREAM_STALL_MS;
+    if (type == WMSG_READ) {
+        n = llmdd__wire_read_reply_encode(st, st == LLM_SUCCESS ? req.total : 0,
+                                          out, sizeof(out));
+        rc = llmdd__send_msg(dd, fd, WMSG_READ_REPLY, out, n, stall);
+        if (rc == 0 && st == LLM_SUCCESS)
+            rc = seg_io(dd, fd, &it, true, stall, STREAM_STALL_MS);
+    } else {
+        if (st == LLM_SUCCESS)
+            rc = seg_io(dd, fd, &it, false, stall, STREAM_STALL_MS);
+        else
+            rc = drain(dd, fd, req.total);
+        if (rc == 0) {
+            n = llmdd__wire_u32_encode(st, out, sizeof(out));
+            rc = llmdd__send_msg(dd, fd, WMSG_WRITE_REPLY, out, n,
+                                 llmdd__now_ms() + STREAM_STALL_MS);
+        }
+    }
+    if (tb != bases)
+        free(tb);
+    llmdd__cache_put(dd, c);
+    return rc;
+}
+
+/* Answers requests on fd until the peer closes or the link goes down. */
+static void
+serve_conn(llmdd__stream *s, int fd)
+{
+    llmdd *dd = s->link->dd;
+    uint8_t *buf = malloc(LLMDD_WIRE_MAX_PAYLOAD);
+    uint64_t *offs = malloc(2 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
+
+    if (buf == NULL || offs == NULL || !serve_track(s, fd, true))
+        goto out;
+    for (;;) {
+        uint16_t type;
+        size_t len;
+        bool to;
+
+        /* Idle connections wait for as long as the link lives. */
+        if (llmdd__wait_fd(dd, fd, POLLIN, INT64_MAX) != 1)
+            break;
+        if (llmdd__recv_msg(dd, fd, &type, buf, LLMDD_WIRE_MAX_PAYLOAD, &len,
+                            llmdd__now_ms() + STREAM_STALL_MS, &to) != 0)
+            break;
+        int rc;
+        if (type == WMSG_QUERY)
+            rc = serve_query(dd, fd, buf, len);
+        else if (type == WMSG_READ || type == WMSG_WRITE)
+            rc = serve_rw(dd, fd, type, buf, len, offs,
+                          offs + LLMDD_WIRE_MAX_RUNS);
+        else
+            rc = -1;
+        if (rc != 0)
+            break;
+    }
+    serve_track(s, fd, false);
+out:
+    free(offs);
+    free(buf);
+    close(fd);
+}
+
+/* ---- Requesting side: the connection pool. ---- */
+
+static void
+pool_put_idle(llmdd__stream *s, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->down || s->nidle == LLMDD__STREAM_CONNS_MAX) {
+        s->nconns--;
+        close(fd);
+    } else {
+        s->idle[s->nidle++] = fd;
+    }
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * Takes an idle requester connection, opening one (client side) when the
+ * pool is short. Returns the fd or -1 with *st set.
+ */
+static int
+pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
+{
+    llmdd__link *link = s->link;
+    int fd = -1;
+
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        if (s->down) {
+            *st = LLM_NOT_YET_LINK;
+            break;
+        }
+        if (s->nidle > 0) {
+            fd = s->idle[--s->nidle];
+            break;
+        }
+        if (link->client && s->nconns < s->nfwd) {
+            s->nconns++;
+            pthread_mutex_unlock(&s->lock);
+            fd = llmdd__data_connect(link, 0, deadline);
+            pthread_mutex_lock(&s->lock);
+            if (fd < 0) {
+                s->nconns--;
+                *st = llmdd__now_ms() >= deadline ? LLM_TIMEOUT
+                                                  : LLM_NOT_YET_LINK;
+            }
+            break;
+        }
+        if (llmdd__now_ms() >= deadline) {
+            *st = LLM_TIMEOUT;
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+    }
+    if (fd >= 0)
+        s->busy[s->nbusy++] = fd;
+    pthread_mutex_unlock(&s->lock);
+    return fd;
+}
+
+/* Returns a connection; a failed one is closed, its stream state unknown. */
+static void
+pool_give(llmdd__stream *s, int fd, bool ok)
+{
+
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->nbusy; i++) {
+        if (s->busy[i] == fd) {
+            s->busy[i] = s->busy[--s->nbusy];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (ok) {
+        pool_put_idle(s, fd);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->nconns--;
+    bool down = s->down;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    close(fd);
+    /* Only the client opens connections: the server asks for a new one,
+     * unless the link is going down (io_status drops it before this). */
+    if (!s->link->client && !down)
+        llmdd__link_ask_reopen(s->link);
+}
+
+/* The status for an I/O failure: the deadline, or a lost peer. */
+static llmdd_status
+io_status(llmdd__link *link, int64_t deadline)
+{
+    if (llmdd__now_ms() >= deadline)
+        return LLM_TIMEOUT;
+    llmdd__link_drop(link, "data connection lost");
+    return LLM_NOT_YET_LINK;
+}
+
+llmdd_status
+llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
+                    llmdd__remote_cache *out)
+{
+    llmdd__link *link = s->link;
+    llmdd *dd = link->dd;
+    uint8_t buf[16 + 8 * LLMDD_MAX_DIMS + 16];
+    llmdd_status st;
+    uint32_t status;
+    uint16_t type;
+    size_t len;
+    bool to;
+    int fd = pool_take(s, deadline, &st);
+
+    if (fd < 0)
+        return st;
+    len = llmdd__wire_i64_encode(id, buf, sizeof(buf));
+    if (llmdd__send_msg(dd, fd, WMSG_QUERY, buf, len, deadline) != 0 ||
+        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
+                        &to) != 0 ||
+        type != WMSG_QUERY_REPLY ||
+        llmdd__wire_desc_decode(buf, len, &status, &out->desc) != 0) {
+        /* Drop first (if the peer is lost): then no REV is asked for. */
+        st = io_status(link, deadline);
+        pool_give(s, fd, false);
+        return st;
+    }
+    pool_give(s, fd, true);
+    if (status != LLM_SUCCESS)
+        return LLM_KV_CACHE_NOT_EXIST;
+    if (llmdd__desc_check(&out->desc, &out->tensor_size, &out->stride) !=
+        LLM_SUCCESS)
+        return LLM_KV_CACHE_NOT_EXIST;
+    return LLM_SUCCESS;
+}
+
+/* One request of at most LLMDD_WIRE_MAX_RUNS runs. */
+static llmdd_status
+xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
+           const llmdd__xrun *runs, size_t nruns, uint64_t *offs,
+           uint64_t *lens, uint8_t *buf, size_t cap, bool *conn_ok)
+{
+    llmdd *dd = link->dd;
+    llmdd__rw_req req = {.cache_id = x->remote->id,
+                         .first = x->remote_first,
+                         .count = x->count,
+                         .nruns = (uint32_t)nruns,
+                         .offs = offs,
+                         .lens = lens};
+    seg_iter it = {.bases = x->local,
+                   .count = x->count,
+                   .offs = &runs[0].local_off,
+                   .lens = &runs[0].len,
+                   .step = sizeof(llmdd__xrun) / sizeof(uint64_t),
+                   .nruns = nruns};
+    uint64_t total = 0;
+    uint32_t status;
+    uint16_t type;
+    size_t len;
+    bool to;
+
+    *conn_ok = false;
+    for (size_t i = 0; i < nruns; i++) {
+        offs[i] = runs[i].remote_off;
+        lens[i] = runs[i].len;
+        total += runs[i].len;
+    }
+    total *= x->count;
+    len = llmdd__wire_rw_encode(&req, buf, cap);
+    if (llmdd__send_msg(dd, fd, x->write ? WMSG_WRITE : WMSG_READ, buf, len,
+                        x->deadline_ms) != 0)
+        return io_status(link, x->deadline_ms);
+    if (x->write) {
+        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0) != 0 ||
+            llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms,
+                            &to) != 0 ||
+            type != WMSG_WRITE_REPLY ||
+            llmdd__wire_u32_decode(buf, len, &status) != 0)
+            return io_status(link, x->deadline_ms);
+        *conn_ok = true;
+        return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
+    }
+    uint64_t got;
+    if (llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms, &to) !=
+            0 ||
+        type != WMSG_READ_REPLY ||
+        llmdd__wire_read_reply_decode(buf, len, &status, &got) != 0)
+        return io_status(link, x->deadline_ms);
+    if (status != LLM_SUCCESS) {
+        *conn_ok = true;
+        return LLM_KV_CACHE_NOT_EXIST;
+    }
+    if (got != total) {
+        log_error("cluster %llu answered %llu bytes for %llu",
+                  (unsigned long long)link->peer.cluster_id,
+                  (unsigned long long)got, (unsigned long long)total);
+        return LLM_FAILED;
+    }
+    if (seg_io(dd, fd, &it, false, x->deadline_ms, 0) != 0)
+        return io_status(link, x->deadline_ms);
+    *conn_ok = true;
+    return LLM_SUCCESS;
+}
+
+llmdd_status
+llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x)
+{
+    llmdd__link *link = s->link;
+    size_t chunk = x->nruns < LLMDD_WIRE_MAX_RUNS ? x->nruns
+                                                   : LLMDD_WIRE_MAX_RUNS;
+    size_t cap = 32 + chunk * 16;
+    uint64_t *offs = malloc(2 * chunk * sizeof(*offs));
+    uint8_t *buf = malloc(cap);
+    llmdd_status st = LLM_OUT_OF_MEMORY;
+    bool ok = true;
+    int fd = -1;
+
+    if (offs == NULL || buf == NULL)
+        goto out;
+    if ((fd = pool_take(s, x->deadline_ms, &st)) < 0)
+        goto out;
+    st = LLM_SUCCESS;
+    for (size_t i = 0; i < x->nruns && st == LLM_SUCCESS && ok; i += chunk) {
+        size_t n = x->nruns - i < chunk ? x->nruns - i : chunk;
+        st = xfer_chunk(link, fd, x, x->runs + i, n, offs, offs + chunk, buf,
+                        cap, &ok);
+    }
+    pool_give(s, fd, ok);
+out:
+    free(buf);
+    free(offs);
+    return st;
+}
+
+/* ---- Setup and teardown. ---- */
+
+struct serve_arg {
+    llmdd__stream *s;
+    int fd;
+};
+
+static void *
+serve_main(void *p)
+{
+    struct serve_arg a = *(struct serve_arg *)p;
+    llmdd__link *link = a.s->link;
+
+    free(p);
+    serve_conn(a.s, a.fd);
+    llmdd__link_put(link);
+    return NULL;
+}
+
+/* The pool arrays have room for LLMDD__STREAM_CONNS_MAX connections. */
+static int
+conns_clamp(int n)
+{
+    if (n < 1)
+        return 1;
+    return n > LLMDD__STREAM_CONNS_MAX ? LLMDD__STREAM_CONNS_MAX : n;
+}
+
+llmdd__stream *
+llmdd__stream_new(llmdd__link *link, int nfwd, int nrev)
+{
+    llmdd__stream *s = calloc(1, sizeof(*s));
+
+    if (s == NULL)
+        return NULL;
+    s->link = link;
+    s->nfwd = conns_clamp(nfwd);
+    s->nrev = conns_clamp(nrev);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    return s;
+}
+
+/* Client side: opens a REV connection and serves the peer's requests. */
+static int
+rev_open(llmdd__stream *s, int64_t deadline)
+{
+    llmdd__link *link = s->link;
+    int fd = llmdd__data_connect(link, LLMDD__STREAM_FLAG_REV, deadline);
+    struct serve_arg *a = fd < 0 ? NULL : malloc(sizeof(*a));
+
+    if (a == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    a->s = s;
+    a->fd = fd;
+    pthread_mutex_lock(&link->dd->lock);
+    link->refs++;
+    pthread_mutex_unlock(&link->dd->lock);
+    if (llmdd__spawn(link->dd, serve_main, a) != 0) {
+        close(fd);
+        free(a);
+        llmdd__link_put(link);
+        return -1;
+    }
+    return 0;
+}
+
+llmdd_status
+llmdd__stream_connect(llmdd__stream *s)
+{
+    llmdd__link *link = s->link;
+
+    /* FWD connections for our requests; REV ones we serve for the peer. */
+    for (int i = 0; i < s->nfwd; i++) {
+        int fd = llmdd__data_connect(link, 0, link->deadline_ms);
+        if (fd < 0)
+            return LLM_LINK_FAILED;
+        pthread_mutex_lock(&s->lock);
+        s->nconns++;
+        s->idle[s->nidle++] = fd;
+        pthread_mutex_unlock(&s->lock);
+    }
+    for (int i = 0; i < s->nrev; i++)
+        if (rev_open(s, link->deadline_ms) != 0)
+            return LLM_LINK_FAILED;
+    return LLM_SUCCESS;
+}
+
+void
+llmdd__stream_reopen(llmdd__stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool down = s->down;
+    pthread_mutex_unlock(&s->lock);
+    if (!down && rev_open(s, llmdd__now_ms() + STREAM_STALL_MS) != 0)
+        log_warn("cluster %llu asked for a data connection; none opened",
+                 (unsigned long long)s->link->peer.cluster_id);
+}
+
+void
+llmdd__stream_accept(llmdd__stream *s, int fd, uint32_t flags)
+{
+    if (flags & LLMDD__STREAM_FLAG_REV) {
+        pthread_mutex_lock(&s->lock);
+        bool room = !s->down && s->nconns < s->nrev;
+        if (room)
+            s->nconns++;
+        pthread_mutex_unlock(&s->lock);
+        if (room)
+            pool_put_idle(s, fd);
+        else
+            close(fd);
+        return;
+    }
+    serve_conn(s, fd); /* in this (counted) thread until it closes */
+}
+
+void
+llmdd__stream_shutdown(llmdd__stream *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->down = true;
+    for (int i = 0; i < s->nserve; i++)
+        shutdown(s->serve[i], SHUT_RDWR);
+    for (int i = 0; i < s->nbusy; i++)
+        shutdown(s->busy[i], SHUT_RDWR);
+    for (int i = 0; i < s->nidle; i++)
+        close(s->idle[i]);
+    s->nconns -= s->nidle;
+    s->nidle = 0;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void
+llmdd__stream_free(llmdd__stream *s)
+{
+    if (s == NULL)
+        return;
+    /* Serving threads hold link references: none is left by now. */
+    for (int i = 0; i < s->nidle; i++)
+        close(s->idle[i]);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}

@@ -1,0 +1,437 @@
+/*
+ * The shm transport beyond the conformance suite: which path each kind of
+ * cache takes (memfd mapping, cross-memory attach, the tcp data plane), that
+ * a cache deallocated on its owner becomes unreachable on the peer before its
+ * pool pages are reused, that leases do not stall the owner after an unlink,
+ * that socket files of killed servers get removed, and what happens when the
+ * peer shares the kernel but not the socket's directory or the pid
+ * namespace.
+ *
+ *   shm_test [test name]
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "harness/harness.h"
+#include "transport/shm/shm.h"
+
+#define PEER 1
+#define SELF 2
+#define POOL "{\"memory_size\": 16777216, \"page_shift\": 16}"
+/* Generous: the test machine may be busy, and no test here waits it out. */
+#define WAIT "5000"
+#define HEX32 "00112233445566778899aabbccddeeff"
+#define HEX32_2 "ffeeddccbbaa99887766554433221100"
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static llmdd *
+self_new(const char *transport)
+{
+    llmdd_option o[] = {{"llm.Transport", transport},
+                        {"llm.SyncKvCacheWaitTime", WAIT}};
+    llmdd *dd;
+
+    assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_SUCCESS);
+    return dd;
+}
+
+static void
+local_kv(llmdd *dd, llmdd_cache *c)
+{
+    llmdd_cache_desc d = th_desc_kv();
+
+    assert_int_equal(llmdd_allocate_cache(dd, &d, c), LLM_SUCCESS);
+}
+
+/* Pulls all 4 slots of remote kv-shaped cache `id` into c. */
+static llmdd_status
+pull_all(llmdd *dd, int64_t id, const llmdd_cache *c)
+{
+    uint64_t all[] = {0, 1, 2, 3};
+    llmdd_cache_index idx = {PEER, id, 0};
+
+    return llmdd_pull_kv_blocks(dd, &idx, c, all, all, 4, NULL);
+}
+
+static void
+check_cache(const llmdd_cache *c, uint32_t seed)
+{
+    uint64_t size = th_tensor_size(&c->desc);
+
+    for (uint32_t t = 0; t < c->desc.num_tensors; t++)
+        assert_int_equal(
+            th_check_buf((const uint8_t *)(uintptr_t)c->tensor_addrs[t], size,
+                         seed, t),
+            -1);
+}
+
+static const char *const plain_args[] = {"--cluster", "1", "--wait", WAIT,
+                                         NULL};
+
+static void
+proc_start(th_proc *p, const char *const *wrapper, const char *transport,
+           const char *pool)
+{
+    const char *args[] = {"--cluster", "1",    "--wait", WAIT, "--transport",
+                          transport, pool ? "--pool" : NULL, pool, NULL};
+
+    assert_int_equal(th_proc_start(p, wrapper, args), 0);
+}
+
+static void
+test_auto_picks_shm_and_memfd(void **state)
+{
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    th_proc p;
+
+    (void)state;
+    proc_start(&p, NULL, "auto", NULL);
+    llmdd *dd = self_new("auto");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    local_kv(dd, &c);
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(pull_all(dd, p.ids.kv, &c), LLM_SUCCESS);
+    check_cache(&c, 1);
+    /* A push lands in the owner's memory, as the owner sees it. */
+    th_fill(&c, 21);
+    llmdd_cache_index idx = {PEER, p.ids.kv, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.memfd_xfers - a.memfd_xfers, 2);
+    assert_int_equal(b.cma_xfers, a.cma_xfers);
+    assert_int_equal(b.stream_xfers, a.stream_xfers);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+static void
+test_push_visible_to_owner(void **state)
+{
+    char cmd[64], reply[64];
+    llmdd_cache c;
+    th_proc p;
+
+    (void)state;
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    assert_int_equal(th_proc_cmd(&p, "alloc 30", reply, sizeof(reply)), 0);
+    int64_t id = atoll(reply + 3);
+    local_kv(dd, &c);
+    assert_int_equal(pull_all(dd, id, &c), LLM_SUCCESS);
+    check_cache(&c, 30);
+    th_fill(&c, 31);
+    llmdd_cache_index idx = {PEER, id, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    snprintf(cmd, sizeof(cmd), "check %lld 31", (long long)id);
+    assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+static void
+test_registered_uses_cma(void **state)
+{
+    llmdd__shm_stats a, b;
+    llmdd_cache c, back;
+    th_proc p;
+
+    (void)state;
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    local_kv(dd, &c);
+    local_kv(dd, &back);
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(pull_all(dd, p.ids.reg, &c), LLM_SUCCESS);
+    check_cache(&c, 2);
+    th_fill(&c, 22);
+    llmdd_cache_index idx = {PEER, p.ids.reg, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    assert_int_equal(pull_all(dd, p.ids.reg, &back), LLM_SUCCESS);
+    check_cache(&back, 22);
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.cma_xfers - a.cma_xfers, 3);
+    assert_int_equal(b.stream_xfers, a.stream_xfers);
+    assert_int_equal(b.cma_refused, a.cma_refused);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/* Pool pages of a deallocated cache are reused: the peer cannot reach them
+ * through the old cache id, neither to read nor to write. */
+static void
+test_pool_reuse_proc(void **state)
+{
+    char cmd[64], reply[64];
+    llmdd_cache c;
+    th_proc p;
+
+    (void)state;
+    proc_start(&p, NULL, "shm", POOL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    assert_int_equal(th_proc_cmd(&p, "alloc 40", reply, sizeof(reply)), 0);
+    int64_t x = atoll(reply + 3);
+    local_kv(dd, &c);
+    assert_int_equal(pull_all(dd, x, &c), LLM_SUCCESS);
+    check_cache(&c, 40);
+
+    snprintf(cmd, sizeof(cmd), "dealloc %lld", (long long)x);
+    assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+    assert_int_equal(th_proc_cmd(&p, "alloc 41", reply, sizeof(reply)), 0);
+    int64_t y = atoll(reply + 3);
+
+    th_fill(&c, 42);
+    llmdd_cache_index idx = {PEER, x, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(pull_all(dd, x, &c), LLM_KV_CACHE_NOT_EXIST);
+    check_cache(&c, 42);
+    snprintf(cmd, sizeof(cmd), "check %lld 41", (long long)y);
+    assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+    assert_int_equal(pull_all(dd, y, &c), LLM_SUCCESS);
+    check_cache(&c, 41);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/* The same in one process, where the reuse of the very pages is visible. */
+static void
+test_pool_reuse_inproc(void **state)
+{
+    llmdd_option o[] = {{"llm.Transport", "shm"},
+                        {"llm.HostMemPoolConfig", POOL},
+                        {"llm.SyncKvCacheWaitTime", WAIT}};
+    llmdd_cache_desc d = th_desc_kv();
+    llmdd_cache x, y, c;
+    llmdd *owner;
+    uint16_t port;
+
+    (void)state;
+    assert_int_equal(llmdd_create(PEER, LLMDD_ROLE_MIX, &owner), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(owner, "127.0.0.1", &port, o, 3),
+                     LLM_SUCCESS);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", port, 5000), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(owner, &d, &x), LLM_SUCCESS);
+    th_fill(&x, 50);
+    uint64_t x0 = x.tensor_addrs[0];
+    local_kv(dd, &c);
+    assert_int_equal(pull_all(dd, x.cache_id, &c), LLM_SUCCESS);
+    check_cache(&c, 50);
+
+    assert_int_equal(llmdd_deallocate_cache(owner, x.cache_id), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(owner, &d, &y), LLM_SUCCESS);
+    assert_int_equal(y.tensor_addrs[0], x0); /* the same pages */
+    th_fill(&y, 51);
+
+    th_fill(&c, 52);
+    llmdd_cache_index idx = {PEER, x.cache_id, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(pull_all(dd, x.cache_id, &c), LLM_KV_CACHE_NOT_EXIST);
+    check_cache(&c, 52);
+    check_cache(&y, 51);
+    llmdd_destroy(dd);
+    llmdd_destroy(owner);
+}
+
+/* After an unlink the owner's leases go as soon as the peer let go: a
+ * deallocation neither hangs nor waits for a timeout. */
+static void
+test_unlink_then_dealloc(void **state)
+{
+    llmdd_option o[] = {{"llm.Transport", "shm"},
+                        {"llm.SyncKvCacheWaitTime", WAIT}};
+    llmdd_cache_desc d = th_desc_kv();
+    llmdd_cache x, c;
+    llmdd *owner;
+    uint16_t port;
+
+    (void)state;
+    assert_int_equal(llmdd_create(PEER, LLMDD_ROLE_MIX, &owner), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(owner, "127.0.0.1", &port, o, 2),
+                     LLM_SUCCESS);
+    llmdd *dd = self_new("shm");
+    for (int force = 0; force < 2; force++) {
+        assert_int_equal(th_link(dd, PEER, "127.0.0.1", port, 5000),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_allocate_cache(owner, &d, &x), LLM_SUCCESS);
+        th_fill(&x, 60);
+        local_kv(dd, &c);
+        assert_int_equal(pull_all(dd, x.cache_id, &c), LLM_SUCCESS);
+        check_cache(&c, 60);
+        /* The owner unlinks (force: no traffic), then deallocates. */
+        assert_int_equal(th_unlink(owner, SELF, "127.0.0.1", port, force != 0,
+                                   2000),
+                         LLM_SUCCESS);
+        int64_t t0 = now_ms();
+        assert_int_equal(llmdd_deallocate_cache(owner, x.cache_id),
+                         LLM_SUCCESS);
+        assert_true(now_ms() - t0 < 1000);
+        /* The peer notices the link is gone (polled: it learns it from its
+         * sockets, asynchronously). */
+        int64_t until = now_ms() + 3000;
+        llmdd_status st;
+        while ((st = pull_all(dd, x.cache_id, &c)) != LLM_NOT_YET_LINK &&
+               now_ms() < until)
+            usleep(10000);
+        assert_int_equal(st, LLM_NOT_YET_LINK);
+        assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
+    }
+    llmdd_destroy(dd);
+    llmdd_destroy(owner);
+}
+
+/* The peer shares the kernel but has its own /tmp: auto falls back to the
+ * tcp data plane, a forced shm fails to link. */
+static void
+test_no_socket(void **state)
+{
+    const char *wrap[] = {
+        "unshare", "--mount", "sh", "-c",
+        "mount -t tmpfs llmdd-test /tmp && exec \"$0\" \"$@\"", NULL};
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    th_proc p;
+
+    (void)state;
+    if (th_proc_start(&p, wrap, plain_args) != 0)
+        skip(); /* no mount namespaces here (not root?) */
+    llmdd *dd = self_new("auto");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    local_kv(dd, &c);
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(pull_all(dd, p.ids.kv, &c), LLM_SUCCESS);
+    check_cache(&c, 1);
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.stream_xfers - a.stream_xfers, 1);
+    assert_int_equal(b.memfd_xfers, a.memfd_xfers);
+    llmdd_destroy(dd);
+
+    dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
+                     LLM_LINK_FAILED);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/* Makes a socket file named like a server's, `age_s` seconds old. */
+static void
+fake_socket(char *path, size_t cap, pid_t pid, const char *hex, int age_s)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+
+    snprintf(path, cap, "/tmp/llmdd-%d-%s.sock", (int)pid, hex);
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    unlink(path);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    close(fd);
+    struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* Socket files of servers that were killed before their client connected
+ * are removed by the next server; nothing else is. */
+static void
+test_stale_socket_swept(void **state)
+{
+    char stale[128], young[128], alive[128];
+    th_proc p;
+
+    (void)state;
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    fake_socket(stale, sizeof(stale), dead, HEX32, 3600);
+    fake_socket(young, sizeof(young), dead, HEX32_2, 0);
+    fake_socket(alive, sizeof(alive), getpid(), HEX32, 3600);
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    assert_int_not_equal(access(stale, F_OK), 0);
+    assert_int_equal(access(young, F_OK), 0);
+    assert_int_equal(access(alive, F_OK), 0);
+    unlink(young);
+    unlink(alive);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/* A peer in another pid namespace is not "same host" for shm. */
+static void
+test_other_pid_namespace(void **state)
+{
+    const char *wrap[] = {"unshare", "--pid", "--fork", "--kill-child",
+                          NULL};
+    th_proc p;
+
+    (void)state;
+    if (th_proc_start(&p, wrap, plain_args) != 0)
+        skip(); /* no pid namespaces here (not root?) */
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
+                     LLM_LINK_FAILED);
+    llmdd_destroy(dd);
+    dd = self_new("tcp");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
+                     LLM_SUCCESS);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auto_picks_shm_and_memfd),
+        cmocka_unit_test(test_push_visible_to_owner),
+        cmocka_unit_test(test_registered_uses_cma),
+        cmocka_unit_test(test_pool_reuse_proc),
+        cmocka_unit_test(test_pool_reuse_inproc),
+        cmocka_unit_test(test_unlink_then_dealloc),
+        cmocka_unit_test(test_stale_socket_swept),
+        cmocka_unit_test(test_no_socket),
+        cmocka_unit_test(test_other_pid_namespace),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests_name("shm", tests, NULL, NULL);
+}
