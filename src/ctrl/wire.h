@@ -35,6 +35,13 @@ enum llmdd__msg_type {
     WMSG_READ_REPLY = 23,
     WMSG_WRITE = 24,
     WMSG_WRITE_REPLY = 25,
+    /* 40..49: the ucx transport's exchange (transport/ucx/ucx_wire.h). */
+    WMSG_UCX_HELLO = 40,
+    WMSG_UCX_HELLO_REPLY = 41,
+    WMSG_UCX_QUERY = 42,
+    WMSG_UCX_QUERY_REPLY = 43,
+    WMSG_UCX_REVOKE = 44,
+    WMSG_UCX_REVOKE_ACK = 45,
     WMSG_TYPE_MAX = 64,
 };
 

@@ -1,0 +1,87 @@
+/*
+ * The ucx transport's exchange messages (docs/rdma.md). They travel in the
+ * common frame (ctrl/wire.h: magic, version, type, length) with the types
+ * WMSG_UCX_*, over the link's data connections:
+ *
+ *   UCX_HELLO        version, the sender's UCP version, its worker address
+ *   UCX_HELLO_REPLY  status, then the same fields
+ *   UCX_QUERY        seq, cache id
+ *   UCX_QUERY_REPLY  seq, status, then the desc, the mapped regions (base,
+ *                    length, packed remote key) and each tensor's address and
+ *                    region
+ *   UCX_REVOKE       seq, cache id: destroy your remote keys of that cache
+ *   UCX_REVOKE_ACK   seq, status
+ *
+ * Every field is little-endian and encoded one by one. Decoders take
+ * untrusted bytes, check every count against the bytes present and a hard
+ * cap before allocating, and check that every tensor lies inside its region.
+ * Pure functions over their arguments; thread-safe.
+ */
+#ifndef LLMDD_TRANSPORT_UCX_WIRE_H
+#define LLMDD_TRANSPORT_UCX_WIRE_H
+
+#include <llmdd/llmdd.h>
+
+#define LLMDD_UCX_WIRE_VERSION 1
+#define LLMDD_UCX_ADDR_MAX 65536u /* a worker address */
+#define LLMDD_UCX_RKEY_MAX 4096u  /* one packed remote key */
+
+typedef struct {
+    uint32_t version;     /* LLMDD_UCX_WIRE_VERSION */
+    uint32_t ucp_version; /* major << 16 | minor << 8 | release */
+    const uint8_t *addr;  /* points into the decoded buffer */
+    uint32_t addr_len;    /* 1..LLMDD_UCX_ADDR_MAX */
+} llmdd__ucx_hello;
+
+typedef struct {
+    uint64_t base;
+    uint64_t len;
+    const uint8_t *rkey; /* points into the decoded buffer */
+    uint32_t rkey_len;   /* 1..LLMDD_UCX_RKEY_MAX */
+} llmdd__ucx_region;
+
+typedef struct {
+    uint64_t seq;
+    uint32_t status;
+    /* The rest only when status is LLM_SUCCESS. */
+    llmdd_cache_desc desc;
+    uint32_t nregions; /* 1..desc.num_tensors */
+    llmdd__ucx_region *regions;
+    uint64_t *taddr; /* desc.num_tensors entries */
+    uint32_t *treg;  /* the region of each tensor */
+} llmdd__ucx_reply;
+
+/* Encoders return the payload length, or 0 when buf (cap bytes) is short. */
+size_t llmdd__ucx_hello_encode(uint32_t status, const llmdd__ucx_hello *h,
+                               uint8_t *buf, size_t cap);
+/* On a non-success status *out is zeroed. */
+int llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
+                            llmdd__ucx_hello *out);
+
+/* QUERY and REVOKE. */
+size_t llmdd__ucx_req_encode(uint64_t seq, int64_t id, uint8_t *buf,
+                             size_t cap);
+int llmdd__ucx_req_decode(const uint8_t *buf, size_t len, uint64_t *seq,
+                          int64_t *id);
+
+/* REVOKE_ACK. */
+size_t llmdd__ucx_ack_encode(uint64_t seq, uint32_t status, uint8_t *buf,
+                             size_t cap);
+int llmdd__ucx_ack_decode(const uint8_t *buf, size_t len, uint64_t *seq,
+                          uint32_t *status);
+
+/* QUERY_REPLY. The size a successful reply needs, 0 on overflow. */
+size_t llmdd__ucx_reply_size(const llmdd__ucx_reply *m);
+size_t llmdd__ucx_reply_encode(const llmdd__ucx_reply *m, uint8_t *buf,
+                               size_t cap);
+/*
+ * Decodes into *out, allocating its arrays (llmdd__ucx_reply_free); region
+ * keys point into buf. Rejects a desc that fails llmdd__desc_check, empty or
+ * oversized keys, empty or wrapping regions, a tensor outside its region and
+ * trailing bytes. On failure nothing is left allocated.
+ */
+int llmdd__ucx_reply_decode(const uint8_t *buf, size_t len,
+                            llmdd__ucx_reply *out);
+void llmdd__ucx_reply_free(llmdd__ucx_reply *m);
+
+#endif
