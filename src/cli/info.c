@@ -250,6 +250,12 @@ cli_info(int argc, char **argv)
         else
             printf("  %-5s built in but NOT usable here: %s\n", name, res.why);
     }
+    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
+         i++) {
+        const char *about = llmdd_transport_info(info_transports[i].name);
+        if (about != NULL)
+            printf("  %-5s %s\n", info_transports[i].name, about);
+    }
 
     printf("\nOption keys (llmdd_initialize, llmdd_set_role; `-o KEY=VALUE` "
            "on the tool):\n");
