@@ -5,7 +5,9 @@
  * One control thread per instance polls the listening socket, each link's
  * control socket and a wake eventfd. It accepts connections and hands each to
  * a short-lived handshake thread (at most HANDSHAKE_MAX at once, each bounded
- * by HANDSHAKE_MS), so a slow or hostile client delays nobody else. It is the
+ * by HANDSHAKE_MS), so a slow or hostile client delays nobody else. When all
+ * are busy, a new connection evicts the oldest one that has not yet sent its
+ * HELLO, so idle connections (slowloris) cannot lock real peers out. It is the
  * only reader of link control sockets: it answers UNLINK, records
  * UNLINK_ACK, and drops a link whose peer closed.
  */
@@ -37,6 +39,9 @@ struct llmdd__ctrl {
     bool stop;
     uint64_t gen, seen_gen; /* the thread has rebuilt its poll set */
     int handshakes;
+    /* Handshakes still waiting for their HELLO: fd (-1: free) and since. */
+    int waiting[HANDSHAKE_MAX];
+    int64_t waiting_since[HANDSHAKE_MAX];
 };
 
 /* ---- Authentication: HMAC-SHA256 over both nonces and both ids. ---- */
@@ -359,6 +364,41 @@ struct handshake_arg {
     int fd;
 };
 
+/*
+ * Shuts down the handshake that has waited longest for its HELLO (its thread
+ * then sees EOF and exits) and frees its slot. dd->lock held; the handshake
+ * thread leaves its slot under the lock before it closes the fd, so the fd is
+ * still its own here. Returns false when every handshake is past its HELLO.
+ */
+static bool
+ctrl_evict_idle(llmdd__ctrl *c)
+{
+    int oldest = -1;
+
+    for (int i = 0; i < HANDSHAKE_MAX; i++)
+        if (c->waiting[i] >= 0 &&
+            (oldest < 0 || c->waiting_since[i] < c->waiting_since[oldest]))
+            oldest = i;
+    if (oldest < 0)
+        return false;
+    shutdown(c->waiting[oldest], SHUT_RDWR);
+    c->waiting[oldest] = -1;
+    return true;
+}
+
+/* The handshake on fd got its HELLO, or failed: it cannot be evicted now. */
+static void
+ctrl_hello_done(llmdd *dd, int fd)
+{
+    llmdd__ctrl *c = dd->ctrl;
+
+    pthread_mutex_lock(&dd->lock);
+    for (int i = 0; i < HANDSHAKE_MAX; i++)
+        if (c->waiting[i] == fd)
+            c->waiting[i] = -1;
+    pthread_mutex_unlock(&dd->lock);
+}
+
 static void
 ctrl_accept(llmdd *dd, int lfd)
 {
@@ -369,9 +409,20 @@ ctrl_accept(llmdd *dd, int lfd)
         if (fd < 0)
             return;
         pthread_mutex_lock(&dd->lock);
-        bool full = c->handshakes >= HANDSHAKE_MAX;
-        if (!full)
+        /* Evicted threads take a moment to exit: bound them too. */
+        bool full = c->handshakes >= 2 * HANDSHAKE_MAX ||
+                    (c->handshakes >= HANDSHAKE_MAX && !ctrl_evict_idle(c));
+        if (!full) {
             c->handshakes++;
+            /* A slot is free: fewer waiting than MAX, or one just evicted. */
+            for (int i = 0; i < HANDSHAKE_MAX; i++) {
+                if (c->waiting[i] < 0) {
+                    c->waiting[i] = fd;
+                    c->waiting_since[i] = llmdd__now_ms();
+                    break;
+                }
+            }
+        }
         pthread_mutex_unlock(&dd->lock);
         struct handshake_arg *a = full ? NULL : malloc(sizeof(*a));
         if (a == NULL) {
@@ -385,6 +436,7 @@ ctrl_accept(llmdd *dd, int lfd)
         free(a);
     drop:
         if (!full) {
+            ctrl_hello_done(dd, fd);
             pthread_mutex_lock(&dd->lock);
             c->handshakes--;
             pthread_mutex_unlock(&dd->lock);
@@ -531,6 +583,8 @@ llmdd__ctrl_start(llmdd *dd)
     if (c == NULL)
         return LLM_OUT_OF_MEMORY;
     c->listen_fd = -1;
+    for (int i = 0; i < HANDSHAKE_MAX; i++)
+        c->waiting[i] = -1;
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (c->wake_fd < 0)
         goto err_free;
@@ -784,9 +838,11 @@ handshake_main(void *arg)
     bool to;
 
     free(arg);
-    if (llmdd__recv_msg(dd, a.fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
-        type != WMSG_HELLO || llmdd__wire_hello_decode(buf, len, &h) != 0) {
+    int rc = llmdd__recv_msg(dd, a.fd, &type, buf, sizeof(buf), &len,
+                             deadline, &to);
+    ctrl_hello_done(dd, a.fd);
+    if (rc != 0 || type != WMSG_HELLO ||
+        llmdd__wire_hello_decode(buf, len, &h) != 0) {
         log_info("handshake rejected: %s",
                  to ? "too slow" : "malformed or truncated");
         close(a.fd);
@@ -823,7 +879,7 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     llmdd_status st;
     uint16_t type;
     size_t len;
-    bool to;
+    bool to = false; /* a failed send leaves it unset by recv_msg */
     int fd;
 
     llmdd__parse_ip_info(&ci->remote_ip_infos[0], &addr);
@@ -957,6 +1013,38 @@ struct link_job {
     llmdd_status st;
 };
 
+/*
+ * The link died while we waited for UNLINK_ACK. A peer that honours our
+ * UNLINK sends the ACK and then closes its data connections; a transfer of
+ * ours can see that close and drop the link before the control thread has
+ * read the ACK, which then sits unread in the socket. Once the control thread
+ * no longer polls this link, read what is queued ourselves.
+ */
+static bool
+unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
+{
+    llmdd__ctrl *c = dd->ctrl;
+    uint8_t buf[CTRL_MSG_MAX];
+    uint16_t type;
+    size_t len;
+    bool to, acked;
+
+    pthread_mutex_lock(&dd->lock);
+    uint64_t want = ++c->gen;
+    pthread_mutex_unlock(&dd->lock);
+    llmdd__ctrl_wake(dd);
+    pthread_mutex_lock(&dd->lock);
+    while (c->seen_gen < want && !c->stop)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    acked = link->unlink_acked;
+    pthread_mutex_unlock(&dd->lock);
+    /* The socket is shut down: this reads only what had arrived. */
+    while (!acked && llmdd__recv_msg(dd, link->ctrl_fd, &type, buf,
+                                     sizeof(buf), &len, deadline, &to) == 0)
+        acked = type == WMSG_UNLINK_ACK;
+    return acked;
+}
+
 static llmdd_status
 unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
            bool force)
@@ -983,8 +1071,10 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
             }
             pthread_cond_timedwait(&dd->cond, &dd->lock, &ts);
         }
-        bool acked = link->unlink_acked;
+        bool acked = link->unlink_acked, dead = link->dead;
         pthread_mutex_unlock(&dd->lock);
+        if (!acked && dead && rc == 0)
+            acked = unlink_ack_queued(dd, link, deadline);
         if (!acked) {
             log_error("unlink cluster %llu: the peer did not confirm",
                       (unsigned long long)ci->remote_cluster_id);

@@ -1457,7 +1457,7 @@ ucx_link_init(llmdd__link *link, bool client)
     llmdd_status st;
     uint16_t type;
     size_t n, len;
-    bool to;
+    bool to = false; /* a failed send leaves it unset */
 
     if (ul == NULL)
         return LLM_OUT_OF_MEMORY;

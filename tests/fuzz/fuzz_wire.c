@@ -1,0 +1,148 @@
+/*
+ * Fuzz target: every message decoder of ctrl/wire.c. The first input byte
+ * picks the decoder, the rest is the payload. Besides memory safety it checks
+ * the decoders' contract: whatever decodes re-encodes to the very same bytes
+ * (the encoding is canonical), and a failed decode writes no output.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/layout.h"
+#include "ctrl/wire.h"
+#include "fuzz/fuzz.h"
+
+static uint64_t offs[LLMDD_WIRE_MAX_RUNS], lens[LLMDD_WIRE_MAX_RUNS];
+static uint8_t out[LLMDD_WIRE_MAX_PAYLOAD];
+
+/* Re-encoding a decoded message must give back the input exactly. */
+static void
+same(const uint8_t *in, size_t len, size_t n)
+{
+    FUZZ_CHECK(n == len);
+    FUZZ_CHECK(memcmp(in, out, len) == 0);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    const uint8_t *p = data + 1;
+    size_t len = size - 1;
+
+    switch (data[0] % 10) {
+    case 0: {
+        llmdd__frame f = {.type = 0xdead, .len = 0xbeef};
+        if (len < LLMDD_WIRE_HDR_LEN)
+            return 0;
+        if (llmdd__wire_frame_decode(p, &f) != 0) {
+            FUZZ_CHECK(f.type == 0xdead && f.len == 0xbeef);
+            return 0;
+        }
+        FUZZ_CHECK(f.len <= LLMDD_WIRE_MAX_PAYLOAD);
+        FUZZ_CHECK(f.type > 0 && f.type < WMSG_TYPE_MAX);
+        llmdd__wire_frame_encode(out, f.type, f.len);
+        same(p, LLMDD_WIRE_HDR_LEN, LLMDD_WIRE_HDR_LEN);
+        break;
+    }
+    case 1: {
+        llmdd__hello h, z;
+        memset(&h, 0x5a, sizeof(h));
+        z = h;
+        if (llmdd__wire_hello_decode(p, len, &h) != 0) {
+            FUZZ_CHECK(memcmp(&h, &z, sizeof(h)) == 0);
+            return 0;
+        }
+        FUZZ_CHECK(h.kind == CONN_CTRL || h.kind == CONN_DATA);
+        FUZZ_CHECK(strlen(h.transport) <= LLMDD_WIRE_NAME_MAX);
+        same(p, len, llmdd__wire_hello_encode(&h, out, sizeof(out)));
+        break;
+    }
+    case 2: {
+        llmdd__hello_reply r;
+        if (llmdd__wire_hello_reply_decode(p, len, &r) != 0)
+            return 0;
+        FUZZ_CHECK(strlen(r.transport) <= LLMDD_WIRE_NAME_MAX);
+        same(p, len, llmdd__wire_hello_reply_encode(&r, out, sizeof(out)));
+        break;
+    }
+    case 3: {
+        llmdd__confirm c;
+        if (llmdd__wire_confirm_decode(p, len, &c) != 0)
+            return 0;
+        same(p, len, llmdd__wire_confirm_encode(&c, out, sizeof(out)));
+        break;
+    }
+    case 4: {
+        llmdd__result r;
+        if (llmdd__wire_result_decode(p, len, &r) != 0)
+            return 0;
+        same(p, len, llmdd__wire_result_encode(&r, out, sizeof(out)));
+        break;
+    }
+    case 5: {
+        uint32_t v = 7;
+        if (llmdd__wire_u32_decode(p, len, &v) != 0) {
+            FUZZ_CHECK(v == 7);
+            return 0;
+        }
+        same(p, len, llmdd__wire_u32_encode(v, out, sizeof(out)));
+        break;
+    }
+    case 6: {
+        int64_t v = 7;
+        if (llmdd__wire_i64_decode(p, len, &v) != 0) {
+            FUZZ_CHECK(v == 7);
+            return 0;
+        }
+        same(p, len, llmdd__wire_i64_encode(v, out, sizeof(out)));
+        break;
+    }
+    case 7: {
+        llmdd_cache_desc d;
+        uint32_t st = 7;
+        if (llmdd__wire_desc_decode(p, len, &st, &d) != 0) {
+            FUZZ_CHECK(st == 7);
+            return 0;
+        }
+        if (st == LLM_SUCCESS)
+            FUZZ_CHECK(d.num_dims >= 1 && d.num_dims <= LLMDD_MAX_DIMS);
+        same(p, len, llmdd__wire_desc_encode(st, &d, out, sizeof(out)));
+        /* The core's check must cope with whatever a peer describes. */
+        uint64_t tsize, stride;
+        if (st == LLM_SUCCESS &&
+            llmdd__desc_check(&d, &tsize, &stride) == LLM_SUCCESS)
+            FUZZ_CHECK(stride > 0 && stride <= tsize &&
+                       tsize % stride == 0 && tsize <= INT64_MAX);
+        break;
+    }
+    case 8: {
+        uint32_t st = 7;
+        uint64_t total = 7;
+        if (llmdd__wire_read_reply_decode(p, len, &st, &total) != 0) {
+            FUZZ_CHECK(st == 7 && total == 7);
+            return 0;
+        }
+        same(p, len,
+             llmdd__wire_read_reply_encode(st, total, out, sizeof(out)));
+        break;
+    }
+    case 9: {
+        llmdd__rw_req r = {.offs = offs, .lens = lens};
+        if (llmdd__wire_rw_decode(p, len, &r) != 0)
+            return 0;
+        FUZZ_CHECK(r.count > 0 && r.nruns > 0 &&
+                   r.nruns <= LLMDD_WIRE_MAX_RUNS);
+        FUZZ_CHECK(r.total <= INT64_MAX);
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < r.nruns; i++) {
+            FUZZ_CHECK(lens[i] > 0);
+            sum += lens[i];
+        }
+        FUZZ_CHECK(sum * r.count == r.total);
+        same(p, len, llmdd__wire_rw_encode(&r, out, sizeof(out)));
+        break;
+    }
+    }
+    return 0;
+}
