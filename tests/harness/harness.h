@@ -19,6 +19,14 @@
 
 #define TH_SKIP 77 /* exit code CTest reports as skipped */
 
+/* `./test NAME` runs only the cases matching NAME (cmocka's glob filter). */
+static inline void
+th_test_filter(int argc, char **argv)
+{
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+}
+
 /* The byte at `off` of tensor `t` of a cache filled with `seed`. */
 static inline uint8_t
 th_byte(uint32_t seed, uint32_t t, uint64_t off)

@@ -107,8 +107,9 @@ test_token_one_side(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_same_token, teardown),
         cmocka_unit_test_teardown(test_token_mismatch, teardown),

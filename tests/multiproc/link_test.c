@@ -358,8 +358,9 @@ test_link_several_clusters(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
 #define T(f) cmocka_unit_test_teardown(f, teardown)
     const struct CMUnitTest tests[] = {
         T(test_link_pull_unlink_relink),

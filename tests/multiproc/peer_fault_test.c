@@ -326,8 +326,9 @@ test_unlink_stopped_peer(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
 #define T(f) cmocka_unit_test_teardown(f, teardown)
     const struct CMUnitTest tests[] = {
         T(test_kill_idle),        T(test_kill_mid_pull),

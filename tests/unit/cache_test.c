@@ -406,8 +406,9 @@ test_remove_by_kind(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_allocate_zeroed_and_ids, setup,
                                         teardown),

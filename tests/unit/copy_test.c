@@ -441,8 +441,9 @@ test_copy_blocks_unknown(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_copy_cache_valid),       T(test_copy_cache_bounds),

@@ -781,8 +781,9 @@ test_version(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_invalid),
         cmocka_unit_test(test_calls_before_initialize),

@@ -532,8 +532,9 @@ test_block_runs_equal_block_by_block(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_sizes),
         cmocka_unit_test(test_desc_valid_shapes),

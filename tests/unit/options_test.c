@@ -471,8 +471,9 @@ test_transport_values(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_listen_valid),
         cmocka_unit_test(test_parse_listen_invalid),

@@ -700,8 +700,9 @@ test_rw_max_runs(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
+    th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frame),
         cmocka_unit_test(test_hello_ctrl),
