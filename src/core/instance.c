@@ -72,7 +72,7 @@ llmdd_create(uint64_t cluster_id, llmdd_role role, llmdd **dd_out)
     }
     llmdd__options_init(&dd->opts);
     pthread_mutex_init(&dd->lock, NULL);
-    pthread_cond_init(&dd->cond, NULL);
+    llmdd__cond_init(&dd->cond);
     *dd_out = dd;
     return LLM_SUCCESS;
 }

@@ -118,6 +118,16 @@ int llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len,
 int llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
                       int64_t deadline_ms);
 
+/* A condition variable timed against CLOCK_MONOTONIC, like every deadline. */
+void llmdd__cond_init(pthread_cond_t *cond);
+/*
+ * Waits on cond (mutex held) until woken or deadline_ms (CLOCK_MONOTONIC;
+ * INT64_MAX: no deadline). The cond must come from llmdd__cond_init.
+ * Callers recheck their predicate and the deadline in a loop.
+ */
+void llmdd__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex,
+                            int64_t deadline_ms);
+
 /* Runs fn(arg) on a detached thread counted in dd->nthreads. */
 int llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg);
 

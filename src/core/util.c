@@ -160,6 +160,32 @@ llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
     return 0;
 }
 
+void
+llmdd__cond_init(pthread_cond_t *cond)
+{
+    pthread_condattr_t ca;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+void
+llmdd__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex,
+                       int64_t deadline_ms)
+{
+    struct timespec ts;
+
+    if (deadline_ms == INT64_MAX) {
+        pthread_cond_wait(cond, mutex);
+        return;
+    }
+    ts.tv_sec = (time_t)(deadline_ms / 1000);
+    ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000;
+    pthread_cond_timedwait(cond, mutex, &ts);
+}
+
 struct spawn_arg {
     llmdd *dd;
     void *(*fn)(void *);

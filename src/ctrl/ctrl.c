@@ -1061,16 +1061,8 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         pthread_mutex_unlock(&link->wlock);
         pthread_mutex_lock(&dd->lock);
         while (rc == 0 && !link->unlink_acked && !link->dead &&
-               llmdd__now_ms() < deadline) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 10 * 1000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&dd->cond, &dd->lock, &ts);
-        }
+               llmdd__now_ms() < deadline)
+            llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
         bool acked = link->unlink_acked, dead = link->dead;
         pthread_mutex_unlock(&dd->lock);
         if (!acked && dead && rc == 0)

@@ -253,14 +253,11 @@ shm_wait_ms(llmdd *dd)
 static void
 shm_cond_wait(shm_link *sl, int64_t deadline)
 {
-    struct timespec ts;
     int64_t now = llmdd__now_ms();
 
     if (deadline - now > 1000)
-        deadline = now + 1000; /* callers loop; keeps the math small */
-    ts.tv_sec = (time_t)(deadline / 1000);
-    ts.tv_nsec = (long)(deadline % 1000) * 1000000;
-    pthread_cond_timedwait(&sl->cond, &sl->lock, &ts);
+        deadline = now + 1000; /* callers loop */
+    llmdd__cond_wait_until(&sl->cond, &sl->lock, deadline);
 }
 
 /*
@@ -1244,7 +1241,6 @@ static shm_link *
 shm_new(llmdd__link *link)
 {
     shm_link *sl = calloc(1, sizeof(*sl));
-    pthread_condattr_t ca;
 
     if (sl == NULL)
         return NULL;
@@ -1266,10 +1262,7 @@ shm_new(llmdd__link *link)
     }
     pthread_mutex_init(&sl->lock, NULL);
     pthread_mutex_init(&sl->expose_lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&sl->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    llmdd__cond_init(&sl->cond);
     /* Named after the server's pid too, so stale files can be told. */
     unsigned pid = link->client ? link->peer.pid : (unsigned)getpid();
     int n = snprintf(sl->path, sizeof(sl->path), SHM_DIR "/llmdd-%u-", pid);

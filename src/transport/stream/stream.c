@@ -342,14 +342,7 @@ pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
             *st = LLM_TIMEOUT;
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+        llmdd__cond_wait_until(&s->cond, &s->lock, deadline);
     }
     if (fd >= 0)
         s->busy[s->nbusy++] = fd;
@@ -569,7 +562,7 @@ llmdd__stream_new(llmdd__link *link, int nfwd, int nrev)
     s->nfwd = conns_clamp(nfwd);
     s->nrev = conns_clamp(nrev);
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->cond, NULL);
+    llmdd__cond_init(&s->cond);
     return s;
 }
 

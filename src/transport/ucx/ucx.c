@@ -324,17 +324,11 @@ ucx_cluster(const ucx_link *ul)
     return ul->link->peer.cluster_id;
 }
 
-/* Waits on ul->cond (lock held) until woken or the deadline; 0 on wake. */
-static int
+/* Waits on ul->cond (lock held) until woken or the deadline. */
+static void
 ucx_wait_until(ucx_link *ul, int64_t deadline)
 {
-    struct timespec ts;
-
-    if (deadline == INT64_MAX)
-        return pthread_cond_wait(&ul->cond, &ul->lock);
-    ts.tv_sec = (time_t)(deadline / 1000);
-    ts.tv_nsec = (long)(deadline % 1000) * 1000000;
-    return pthread_cond_timedwait(&ul->cond, &ul->lock, &ts);
+    llmdd__cond_wait_until(&ul->cond, &ul->lock, deadline);
 }
 
 static int64_t
@@ -1403,7 +1397,6 @@ static ucx_link *
 ucx_link_new(llmdd__link *link)
 {
     ucx_link *ul = calloc(1, sizeof(*ul));
-    pthread_condattr_t ca;
 
     if (ul == NULL)
         return NULL;
@@ -1415,10 +1408,7 @@ ucx_link_new(llmdd__link *link)
         ul->eps[s].efd = -1;
     pthread_mutex_init(&ul->lock, NULL);
     pthread_mutex_init(&ul->map_lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ul->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    llmdd__cond_init(&ul->cond);
     return ul;
 }
 
