@@ -230,6 +230,27 @@ fu_fd_count(pid_t pid)
     return pid == getpid() ? n - 1 : n; /* not the DIR's own fd */
 }
 
+/* Lists a process's open fds on stderr: what a failed fu_settles left. */
+static void
+fu_fd_dump(pid_t pid)
+{
+    char path[64], link[320], target[256];
+
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(link, sizeof(link), "%s/%s", path, e->d_name);
+        ssize_t n = readlink(link, target, sizeof(target) - 1);
+        target[n < 0 ? 0 : n] = '\0';
+        fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
+    }
+    closedir(d);
+}
+
 bool
 fu_settles(pid_t pid, int max_fds, long max_threads, int timeout_ms)
 {
@@ -245,6 +266,7 @@ fu_settles(pid_t pid, int max_fds, long max_threads, int timeout_ms)
             fprintf(stderr, "pid %d: %d fds (want <= %d), %ld threads "
                             "(want <= %ld)\n",
                     (int)pid, fds, max_fds, threads, max_threads);
+            fu_fd_dump(pid);
             return false;
         }
         fu_sleep_ms(20);

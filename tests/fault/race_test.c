@@ -11,7 +11,7 @@
  *   decoder with its link alive, which the prompt notices;
  * - a peer process that exits with our link alive.
  *
- *   race_test [transport]     (tcp or loop; default tcp)
+ *   race_test [transport]     (loop, tcp, shm or ucx; default tcp)
  * LLMDD_FAULT_ITERS sets the rounds of the unlink test.
  */
 #include <stdlib.h>

@@ -1,7 +1,8 @@
 /*
  * Fuzz target: the ucx transport's exchange decoders (transport/ucx/
- * ucx_wire.c), which read a peer's HELLO, QUERY/REVOKE, REVOKE_ACK and
- * QUERY_REPLY (regions, remote keys, tensor addresses). The first byte picks
+ * ucx_wire.c), which read a peer's HELLO, QUERY/REVOKE, REVOKE_ACK (also
+ * the DATA and ACK headers), QUERY_REPLY (regions, remote keys, tensor
+ * addresses) and active-message GET/PUT headers. The first byte picks
  * the decoder. Checks: whatever decodes re-encodes to the same bytes, every
  * tensor of a reply lies inside its region, and a rejected reply leaves
  * nothing allocated (LeakSanitizer).
@@ -29,7 +30,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t len = size - 1;
 
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0: {
         llmdd__ucx_hello h;
         uint32_t st;
@@ -55,6 +56,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (llmdd__ucx_ack_decode(p, len, &seq, &st) != 0)
             return 0;
         same(p, len, llmdd__ucx_ack_encode(seq, st, out, sizeof(out)));
+        break;
+    }
+    case 3: {
+        llmdd__ucx_amreq m;
+        if (llmdd__ucx_amreq_decode(p, len, &m) != 0)
+            return 0;
+        FUZZ_CHECK(m.len >= 1 && m.len <= LLMDD_UCX_AM_CHUNK &&
+                   m.addr + m.len > m.addr);
+        same(p, len, llmdd__ucx_amreq_encode(&m, out, sizeof(out)));
         break;
     }
     default: {

@@ -288,12 +288,14 @@ gen_ucx(void)
     static const uint8_t key[8] = "rkey-abc";
     llmdd__ucx_hello h = {.version = LLMDD_UCX_WIRE_VERSION,
                           .ucp_version = 1 << 16 | 13 << 8 | 1,
+                          .flags = LLMDD_UCX_HELLO_RDMA,
                           .addr = addr,
                           .addr_len = sizeof(addr)};
     llmdd__ucx_region g[2] = {{0x100000, 2 * 4096, key, sizeof(key)},
                               {0x900000, 4096, key, 4}};
     uint64_t taddr[3] = {0x100000, 0x101000, 0x900000};
     uint32_t treg[3] = {0, 0, 1};
+    llmdd__ucx_amreq am = {.tag = 5 << 10 | 1, .addr = 0x101000, .len = 4096};
     llmdd__ucx_reply m = {.seq = 9,
                           .status = LLM_SUCCESS,
                           .desc = {.num_tensors = 3,
@@ -315,11 +317,13 @@ gen_ucx(void)
     ucx("query", 1, p, n);
     n = llmdd__ucx_ack_encode(7, LLM_SUCCESS, p, sizeof(p));
     ucx("revoke_ack", 2, p, n);
+    n = llmdd__ucx_amreq_encode(&am, p, sizeof(p));
+    ucx("am_get", 3, p, n);
     n = llmdd__ucx_reply_encode(&m, p, sizeof(p));
-    ucx("reply", 3, p, n);
+    ucx("reply", 4, p, n);
     m.status = LLM_KV_CACHE_NOT_EXIST;
     n = llmdd__ucx_reply_encode(&m, p, sizeof(p));
-    ucx("reply_missing", 3, p, n);
+    ucx("reply_missing", 4, p, n);
 }
 #endif
 

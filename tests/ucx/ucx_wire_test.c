@@ -54,8 +54,9 @@ static void
 test_hello_round_trip(void **state)
 {
     uint8_t addr[300], buf[400];
-    llmdd__ucx_hello h = {.version = 1, .ucp_version = 0x010d01,
-                          .addr = addr, .addr_len = sizeof(addr)};
+    llmdd__ucx_hello h = {.version = 2, .ucp_version = 0x010d01,
+                          .flags = LLMDD_UCX_HELLO_RDMA, .addr = addr,
+                          .addr_len = sizeof(addr)};
     llmdd__ucx_hello out;
     uint32_t st;
 
@@ -63,10 +64,11 @@ test_hello_round_trip(void **state)
     for (size_t i = 0; i < sizeof(addr); i++)
         addr[i] = (uint8_t)(i * 7);
     size_t n = llmdd__ucx_hello_encode(LLM_SUCCESS, &h, buf, sizeof(buf));
-    assert_int_equal(n, 16 + sizeof(addr));
+    assert_int_equal(n, 20 + sizeof(addr));
     assert_int_equal(llmdd__ucx_hello_decode(buf, n, &st, &out), 0);
     assert_int_equal(st, LLM_SUCCESS);
     assert_int_equal(out.ucp_version, 0x010d01);
+    assert_int_equal(out.flags, LLMDD_UCX_HELLO_RDMA);
     assert_int_equal(out.addr_len, sizeof(addr));
     assert_memory_equal(out.addr, addr, sizeof(addr));
     /* Every truncation and one trailing byte are rejected. */
@@ -92,17 +94,50 @@ test_hello_bad_length(void **state)
     (void)state;
     /* An address length of zero, and one over the cap. */
     memset(buf, 0, sizeof(buf));
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 16, &st, &out), -1);
-    buf[12] = 0x01;
-    buf[14] = 0x01; /* 65537 */
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 16, &st, &out), -1);
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 20, &st, &out), -1);
+    buf[16] = 0x01;
+    buf[18] = 0x01; /* 65537 */
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 20, &st, &out), -1);
     /* A length the payload does not hold. */
     memset(buf, 0, sizeof(buf));
-    buf[12] = 40;
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 32, &st, &out), -1);
+    buf[16] = 40;
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 36, &st, &out), -1);
     /* The encoder refuses an oversized address too. */
     llmdd__ucx_hello h = {.addr = buf, .addr_len = LLMDD_UCX_ADDR_MAX + 1};
     assert_int_equal(llmdd__ucx_hello_encode(LLM_SUCCESS, &h, buf, 64), 0);
+}
+
+/* The active-message GET/PUT header: exact size, a length of 1 up to one
+ * chunk, no range that wraps. */
+static void
+test_amreq(void **state)
+{
+    llmdd__ucx_amreq m = {.tag = 7 << 10 | 3, .addr = 0x7f0000001000,
+                          .len = LLMDD_UCX_AM_CHUNK};
+    llmdd__ucx_amreq out;
+    uint8_t buf[32];
+
+    (void)state;
+    size_t n = llmdd__ucx_amreq_encode(&m, buf, sizeof(buf));
+    assert_int_equal(n, LLMDD_UCX_AMREQ_SIZE);
+    assert_int_equal(llmdd__ucx_amreq_decode(buf, n, &out), 0);
+    assert_int_equal(out.tag, m.tag);
+    assert_int_equal(out.addr, m.addr);
+    assert_int_equal(out.len, m.len);
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(llmdd__ucx_amreq_decode(buf, k, &out), -1);
+    assert_int_equal(llmdd__ucx_amreq_decode(buf, n + 1, &out), -1);
+    assert_int_equal(llmdd__ucx_amreq_encode(&m, buf, n - 1), 0);
+
+    uint64_t bad[][2] = {{0x1000, 0},
+                         {0x1000, LLMDD_UCX_AM_CHUNK + 1},
+                         {UINT64_MAX - 10, 100}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        m.addr = bad[i][0];
+        m.len = bad[i][1];
+        n = llmdd__ucx_amreq_encode(&m, buf, sizeof(buf));
+        assert_int_equal(llmdd__ucx_amreq_decode(buf, n, &out), -1);
+    }
 }
 
 static void
@@ -304,6 +339,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hello_round_trip),
         cmocka_unit_test(test_hello_bad_length),
+        cmocka_unit_test(test_amreq),
         cmocka_unit_test(test_req_and_ack),
         cmocka_unit_test(test_reply_round_trip),
         cmocka_unit_test(test_reply_status_only),

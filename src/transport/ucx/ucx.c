@@ -47,7 +47,9 @@
 #include "transport/ucx/ucx_wire.h"
 
 #define UCX_EPS 4          /* request endpoints: concurrent transfers a link */
-#define UCX_WINDOW 1024    /* operations in flight per transfer */
+#define UCX_WINDOW 1024    /* operations in flight per transfer (2^n) */
+#define UCX_WINDOW_BITS 10
+#define UCX_AM_BYTES (8u << 20) /* active-message mode: bytes asked at once */
 #define UCX_SERVE_MAX 4    /* connections served at once per link */
 #define UCX_STALL_MS 5000  /* a serving side gives up on a peer this silent */
 #define UCX_REVOKE_MS 5000 /* an owner waits this long for REVOKE_ACK */
@@ -77,6 +79,7 @@ static struct {
     bool rdma;      /* it found an RDMA-capable transport */
     bool peer_mode; /* and one with peer failure handling (tcp, IB) */
     bool tcp;       /* tcp is among the transports */
+    int rma_env;    /* LLMDD_UCX_RMA: 1 always RMA, 0 never, -1 auto */
     char info[1024];
 } ucx_probed;
 static pthread_once_t ucx_probe_once = PTHREAD_ONCE_INIT;
@@ -94,7 +97,7 @@ ucx_ctx_create(bool tuned, ucp_context_h *out)
     ucp_params_t p = {
         .field_mask =
             UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 1,
     };
     ucp_config_t *cfg;
@@ -208,11 +211,13 @@ static void
 ucx_probe_run(void)
 {
     const char *tls = getenv("UCX_TLS");
+    const char *rma = getenv("LLMDD_UCX_RMA");
     char devs[512] = "", rdevs[128] = "";
     ucp_context_h ctx;
     char *text = NULL;
     size_t len = 0;
 
+    ucx_probed.rma_env = rma == NULL || *rma == '\0' ? -1 : strcmp(rma, "0") != 0;
     ucs_status_t st = ucx_ctx_create(false, &ctx);
     if (st != UCS_OK) {
         snprintf(ucx_probed.info, sizeof(ucx_probed.info),
@@ -250,7 +255,30 @@ ucx_info(void)
 
 typedef struct ucx_link ucx_link;
 
+/* One transfer's operations in flight. */
 typedef struct {
+    ucx_link *ul;
+    size_t outstanding; /* posted, not yet completed */
+    size_t wake_at;     /* signal the requester at or below this */
+    size_t bytes;       /* asked for with active messages, not yet answered */
+    ucs_status_t status;
+    llmdd_status refused; /* what the serving side answered, if not success */
+} ucx_xstate;
+
+/*
+ * An active-message GET or PUT in flight (docs/rdma.md): found again by the
+ * tag in the peer's DATA or ACK, whose low UCX_WINDOW_BITS are its index.
+ */
+typedef struct {
+    uint8_t hdr[LLMDD_UCX_AMREQ_SIZE]; /* UCX reads it until the send goes */
+    uint64_t tag;                      /* 0: free */
+    uint8_t *dst;                      /* GET: where the bytes go */
+    size_t len;
+    ucx_xstate *xs;
+} ucx_amop;
+
+typedef struct {
+    ucx_link *ul;
     ucp_worker_h w; /* the slot's request worker; NULL until first used */
     int efd;        /* its event fd, -1 without wakeup */
     ucp_ep_h ep;    /* NULL: none open */
@@ -259,6 +287,11 @@ typedef struct {
     bool failed;  /* its error callback fired */
     bool closing; /* we are closing it: errors on it are ours */
     bool peer_mode; /* created with UCP_ERR_HANDLING_MODE_PEER */
+    bool ponged;    /* the peer answered our PING on this endpoint */
+    ucx_amop *ops;  /* UCX_WINDOW, with the worker */
+    uint16_t *free_ops;
+    int nfree;
+    uint64_t tags; /* issued */
 } ucx_ep;
 
 /* Owner side: one of our caches as this link's peer sees it. */
@@ -271,6 +304,7 @@ typedef struct ucx_reg {
     uint64_t *base, *len;
     uint32_t *treg; /* region of each tensor */
     int busy;       /* a QUERY is answering from it */
+    int sending;    /* DATA replies that read it, not yet completed */
     bool mapped, sent, removed;
     struct ucx_reg *next;
 } ucx_reg;
@@ -300,6 +334,7 @@ struct ucx_link {
     ucp_worker_h sw; /* the serve worker; NULL once torn down */
     int sefd;        /* its event fd */
     bool wakeup;     /* workers have event fds */
+    bool rma;        /* RMA, not active messages, moves the bytes */
     int wake_fd;
     uint8_t *peer_addr; /* the peer's serve worker; NULL before UCX_HELLO */
     size_t peer_addr_len;
@@ -572,6 +607,259 @@ ucx_reg_unlink(ucx_link *ul, ucx_reg *r)
     }
 }
 
+/* ---- Active-message transfers (docs/rdma.md). ---- */
+
+/*
+ * Where UCX would emulate RMA (no RDMA device on one side), a GET or PUT is
+ * an active message to the peer's serve worker, answered by DATA or ACK on
+ * the reply endpoint. UCX 1.13 aborts a process whose emulated get reply or
+ * put completion meets a failed endpoint; active messages complete with an
+ * error status instead. The serving side also checks every address against
+ * the caches it described to this peer, which the emulation does not.
+ */
+
+/* The region of a cache described to this peer that holds [addr, addr +
+ * len), or NULL. Lock held. */
+static ucx_reg *
+ucx_reg_holding(ucx_link *ul, uint64_t addr, uint64_t len)
+{
+    for (ucx_reg *r = ul->regs; r != NULL; r = r->next) {
+        if (!r->sent || r->removed)
+            continue; /* not yet described, or being taken back */
+        for (uint32_t i = 0; i < r->nregions; i++)
+            if (addr >= r->base[i] && addr - r->base[i] <= r->len[i] &&
+                len <= r->len[i] - (addr - r->base[i]))
+                return r;
+    }
+    return NULL;
+}
+
+/* A reply on its way: its header must outlive the send. */
+typedef struct {
+    uint8_t hdr[LLMDD_UCX_AMREP_SIZE];
+    ucx_link *ul;
+    ucx_reg *reg; /* DATA: read from it until the send completes */
+} ucx_amrep;
+
+static void
+ucx_amrep_done(ucx_amrep *rep)
+{
+    if (rep->reg != NULL && --rep->reg->sending == 0)
+        pthread_cond_broadcast(&rep->ul->cond);
+    free(rep);
+}
+
+static void
+ucx_amrep_sent(void *req, ucs_status_t status, void *user_data)
+{
+    (void)status; /* a dead requester: nothing to tell it */
+    ucx_amrep_done(user_data);
+    ucp_request_free(req);
+}
+
+/* The peer broke the protocol: drop the link (lock held, in progress). */
+static void
+ucx_am_broken(ucx_link *ul, const char *what)
+{
+    if (!ul->failed && !ul->down)
+        log_error("ucx: cluster %llu sent a malformed %s",
+                  (unsigned long long)ucx_cluster(ul), what);
+    ul->failed = true;
+    pthread_cond_broadcast(&ul->cond);
+}
+
+/* Serving side: a GET or PUT from the peer. Lock held (in progress). */
+static ucs_status_t
+ucx_am_serve(ucx_link *ul, bool put, const void *header, size_t hlen,
+             void *data, size_t len, const ucp_am_recv_param_t *prm)
+{
+    llmdd__ucx_amreq m;
+
+    if (llmdd__ucx_amreq_decode(header, hlen, &m) != 0 ||
+        !(prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+        (prm->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        len != (put ? m.len : 0)) {
+        ucx_am_broken(ul, put ? "PUT" : "GET");
+        return UCS_OK;
+    }
+    ucx_reg *r = ul->down ? NULL : ucx_reg_holding(ul, m.addr, m.len);
+    ucx_amrep *rep = calloc(1, sizeof(*rep));
+    if (rep == NULL)
+        return UCS_OK; /* the requester times out */
+    rep->ul = ul;
+    if (r != NULL && put)
+        memcpy((void *)(uintptr_t)m.addr, data, m.len);
+    if (r != NULL && !put) {
+        rep->reg = r;
+        r->sending++;
+    }
+    llmdd__ucx_ack_encode(m.tag,
+                          r != NULL  ? LLM_SUCCESS
+                          : ul->down ? LLM_NOT_YET_LINK
+                                     : LLM_KV_CACHE_NOT_EXIST,
+                          rep->hdr, sizeof(rep->hdr));
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = ucx_amrep_sent,
+        .user_data = rep,
+    };
+    ucs_status_ptr_t sp = ucp_am_send_nbx(
+        prm->reply_ep, put ? LLMDD_UCX_AM_ACK : LLMDD_UCX_AM_DATA, rep->hdr,
+        sizeof(rep->hdr), rep->reg != NULL ? (void *)(uintptr_t)m.addr : NULL,
+        rep->reg != NULL ? m.len : 0, &p);
+    if (!UCS_PTR_IS_PTR(sp))
+        ucx_amrep_done(rep);
+    return UCS_OK;
+}
+
+static ucs_status_t
+ucx_am_get(void *arg, const void *header, size_t hlen, void *data,
+           size_t len, const ucp_am_recv_param_t *prm)
+{
+    return ucx_am_serve(arg, false, header, hlen, data, len, prm);
+}
+
+/* Serving side: PING, answered on the same lane as the wireup reply, so a
+ * PONG tells the requester that reply is gone (ucx_ep_wire). */
+static ucs_status_t
+ucx_am_ping(void *arg, const void *header, size_t hlen, void *data,
+            size_t len, const ucp_am_recv_param_t *prm)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_EAGER};
+
+    (void)header;
+    (void)data;
+    if (hlen != 0 || len != 0 ||
+        !(prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        ucx_am_broken(arg, "PING");
+        return UCS_OK;
+    }
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(prm->reply_ep, LLMDD_UCX_AM_PONG, NULL, 0, NULL, 0, &p);
+    if (UCS_PTR_IS_PTR(sp))
+        ucp_request_free(sp); /* released once sent */
+    return UCS_OK;
+}
+
+static ucs_status_t
+ucx_am_put(void *arg, const void *header, size_t hlen, void *data,
+           size_t len, const ucp_am_recv_param_t *prm)
+{
+    return ucx_am_serve(arg, true, header, hlen, data, len, prm);
+}
+
+/* Requesting side: DATA or ACK for one of slot e's operations. A tag no
+ * operation holds is an aborted transfer's answer: dropped. Lock held. */
+static ucs_status_t
+ucx_am_answer(ucx_ep *e, bool data_msg, const void *header, size_t hlen,
+              void *data, size_t len, const ucp_am_recv_param_t *prm)
+{
+    uint64_t tag;
+    uint32_t st;
+
+    if (llmdd__ucx_ack_decode(header, hlen, &tag, &st) != 0) {
+        ucx_am_broken(e->ul, data_msg ? "DATA" : "ACK");
+        return UCS_OK;
+    }
+    if (e->ops == NULL || tag == 0 || e->ops[tag & (UCX_WINDOW - 1)].tag != tag)
+        return UCS_OK;
+    ucx_amop *op = &e->ops[tag & (UCX_WINDOW - 1)];
+    ucx_xstate *xs = op->xs;
+    if (st == LLM_SUCCESS) {
+        if (data_msg != (op->dst != NULL) ||
+            (prm->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+            len != (data_msg ? op->len : 0)) {
+            ucx_am_broken(e->ul, data_msg ? "DATA" : "ACK");
+            st = LLM_FAILED;
+        } else if (data_msg) {
+            memcpy(op->dst, data, len);
+        }
+    } else if (st != LLM_KV_CACHE_NOT_EXIST && st != LLM_NOT_YET_LINK) {
+        st = LLM_FAILED;
+    }
+    if (st != LLM_SUCCESS && xs->refused == LLM_SUCCESS)
+        xs->refused = (llmdd_status)st;
+    xs->bytes -= op->len;
+    op->tag = 0;
+    e->free_ops[e->nfree++] = (uint16_t)(op - e->ops);
+    if (--xs->outstanding <= xs->wake_at)
+        pthread_cond_broadcast(&e->ul->cond);
+    return UCS_OK;
+}
+
+static ucs_status_t
+ucx_am_data(void *arg, const void *header, size_t hlen, void *data,
+            size_t len, const ucp_am_recv_param_t *prm)
+{
+    return ucx_am_answer(arg, true, header, hlen, data, len, prm);
+}
+
+static ucs_status_t
+ucx_am_ack(void *arg, const void *header, size_t hlen, void *data,
+           size_t len, const ucp_am_recv_param_t *prm)
+{
+    return ucx_am_answer(arg, false, header, hlen, data, len, prm);
+}
+
+static ucs_status_t
+ucx_am_pong(void *arg, const void *header, size_t hlen, void *data,
+            size_t len, const ucp_am_recv_param_t *prm)
+{
+    ucx_ep *e = arg;
+
+    (void)header;
+    (void)data;
+    (void)prm;
+    if (hlen != 0 || len != 0) {
+        ucx_am_broken(e->ul, "PONG");
+        return UCS_OK;
+    }
+    e->ponged = true;
+    pthread_cond_broadcast(&e->ul->cond);
+    return UCS_OK;
+}
+
+/* Installs handlers on a worker: ids[i] runs cbs[i] with arg. */
+static ucs_status_t
+ucx_am_install(ucp_worker_h w, const unsigned *ids,
+               const ucp_am_recv_callback_t *cbs, int n, void *arg)
+{
+    for (int i = 0; i < n; i++) {
+        ucp_am_handler_param_t hp = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                          UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                          UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .id = ids[i],
+            .flags = UCP_AM_FLAG_WHOLE_MSG,
+            .cb = cbs[i],
+            .arg = arg,
+        };
+        ucs_status_t st = ucp_worker_set_am_recv_handler(w, &hp);
+        if (st != UCS_OK)
+            return st;
+    }
+    return UCS_OK;
+}
+
+/* Gives back every operation of xs still waiting for an answer: whatever
+ * comes for them later is dropped. Lock held. */
+static void
+ucx_am_forget(ucx_ep *e, ucx_xstate *xs)
+{
+    for (int i = 0; e->ops != NULL && i < UCX_WINDOW; i++) {
+        if (e->ops[i].tag == 0 || e->ops[i].xs != xs)
+            continue;
+        e->ops[i].tag = 0;
+        e->free_ops[e->nfree++] = (uint16_t)i;
+        xs->outstanding--;
+        xs->bytes -= e->ops[i].len;
+    }
+}
+
 /* ---- Endpoints. ---- */
 
 static void
@@ -617,8 +905,21 @@ ucx_ep_open(ucx_link *ul, int s)
             return LLM_FAILED;
         }
         e->efd = -1;
-        if (ul->wakeup && ucp_worker_get_efd(e->w, &e->efd) != UCS_OK) {
-            log_error("ucx: a request worker has no event fd");
+        static const unsigned ids[] = {LLMDD_UCX_AM_DATA, LLMDD_UCX_AM_ACK,
+                                       LLMDD_UCX_AM_PONG};
+        static const ucp_am_recv_callback_t cbs[] = {ucx_am_data, ucx_am_ack,
+                                                     ucx_am_pong};
+        if (e->ops == NULL) {
+            e->ops = calloc(UCX_WINDOW, sizeof(*e->ops));
+            e->free_ops = calloc(UCX_WINDOW, sizeof(*e->free_ops));
+            for (int i = 0; e->free_ops != NULL && i < UCX_WINDOW; i++)
+                e->free_ops[i] = (uint16_t)(UCX_WINDOW - 1 - i);
+            e->nfree = UCX_WINDOW;
+        }
+        if (e->ops == NULL || e->free_ops == NULL ||
+            (ul->wakeup && ucp_worker_get_efd(e->w, &e->efd) != UCS_OK) ||
+            ucx_am_install(e->w, ids, cbs, 3, e) != UCS_OK) {
+            log_error("ucx: cannot set up a request worker");
             ucp_worker_destroy(e->w);
             e->w = NULL;
             return LLM_FAILED;
@@ -651,15 +952,10 @@ ucx_ep_open(ucx_link *ul, int s)
         return LLM_LINK_FAILED;
     }
     ul->eps[s].failed = false;
+    ul->eps[s].ponged = false;
     return LLM_SUCCESS;
 }
 
-typedef struct {
-    ucx_link *ul;
-    size_t outstanding; /* posted, not yet completed */
-    size_t wake_at;     /* signal the requester at or below this */
-    ucs_status_t status;
-} ucx_xstate;
 
 /*
  * Completion of a transfer's operation (and of a close): lock held. The
@@ -753,6 +1049,47 @@ ucx_slot_purge(ucx_link *ul, int s)
     e->closing = false;
     e->gen++;
     ucx_wake(ul);
+}
+
+/*
+ * Waits until the peer has answered a PING on slot s's new endpoint. UCX
+ * 1.13 aborts a process that purges a wireup reply still queued for a
+ * peer that died (ucp_request.c "got REP message"). The PONG comes behind
+ * the peer's reply on the same lane, so once it is here the peer owes this
+ * endpoint nothing and may die safely. The slot is the caller's (busy, or
+ * the link not yet up). Lock held; the progress thread progresses.
+ */
+static llmdd_status
+ucx_ep_wire(ucx_link *ul, int s, int64_t deadline)
+{
+    ucx_ep *e = &ul->eps[s];
+    ucx_xstate xs = {.ul = ul};
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = ucx_op_done,
+        .user_data = &xs,
+    };
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, NULL, 0, NULL, 0, &p);
+
+    if (UCS_PTR_IS_ERR(sp))
+        return LLM_NOT_YET_LINK;
+    xs.outstanding = sp != NULL;
+    while ((xs.outstanding > 0 || !e->ponged) && !ul->down && !e->failed &&
+           xs.status == UCS_OK && llmdd__now_ms() < deadline) {
+        ucp_worker_signal(e->w);
+        ucx_wait_until(ul, deadline);
+    }
+    if (xs.outstanding == 0 && e->ponged)
+        return LLM_SUCCESS;
+    bool late = !ul->down && !e->failed && xs.status == UCS_OK;
+    if (e->peer_mode)
+        ucx_ep_close(ul, s, &xs, false); /* completes the PING */
+    else
+        ucx_slot_purge(ul, s);
+    return late ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
 }
 
 /*
@@ -1272,6 +1609,7 @@ ucx_hello_make(ucx_link *ul, uint32_t status, uint8_t **out)
     }
     llmdd__ucx_hello h = {.version = LLMDD_UCX_WIRE_VERSION,
                           .ucp_version = maj << 16 | min << 8 | rel,
+                          .flags = ucx_probed.rdma ? LLMDD_UCX_HELLO_RDMA : 0,
                           .addr = (const uint8_t *)addr,
                           .addr_len = (uint32_t)alen};
     size_t cap = 32 + alen;
@@ -1325,8 +1663,18 @@ ucx_hello_take(ucx_link *ul, const uint8_t *buf, size_t len)
         ul->peer_addr = addr;
         ul->peer_addr_len = h.addr_len;
         addr = NULL;
-        /* An unreachable peer (no common transport) fails the link now. */
-        st = ucx_ep_open(ul, 0);
+        /* RMA only where both sides have RDMA: elsewhere UCX 1.13 would
+         * emulate it, and aborts on a peer that dies (see above). */
+        ul->rma = ucx_probed.rma_env >= 0
+                      ? ucx_probed.rma_env == 1
+                      : ucx_probed.rdma && (h.flags & LLMDD_UCX_HELLO_RDMA);
+        log_info("ucx: cluster %llu: transfers use %s",
+                 (unsigned long long)ucx_cluster(ul),
+                 ul->rma ? "RMA" : "active messages");
+        /* The client's endpoints open now (an unreachable peer, with no
+         * common transport, fails the link); the server's when it first
+         * transfers. */
+        st = ul->link->client ? ucx_ep_open(ul, 0) : LLM_SUCCESS;
         pthread_cond_broadcast(&ul->cond);
     }
     pthread_mutex_unlock(&ul->lock);
@@ -1404,8 +1752,10 @@ ucx_link_new(llmdd__link *link)
     ul->req_fd = -1;
     ul->wake_fd = -1;
     ul->sefd = -1;
-    for (int s = 0; s < UCX_EPS; s++)
+    for (int s = 0; s < UCX_EPS; s++) {
+        ul->eps[s].ul = ul;
         ul->eps[s].efd = -1;
+    }
     pthread_mutex_init(&ul->lock, NULL);
     pthread_mutex_init(&ul->map_lock, NULL);
     llmdd__cond_init(&ul->cond);
@@ -1427,6 +1777,14 @@ ucx_workers_init(ucx_link *ul)
         return LLM_LINK_FAILED;
     if ((st = ucp_worker_create(ul->ctx, &wp, &ul->sw)) != UCS_OK) {
         log_error("ucx: ucp_worker_create: %s", ucs_status_string(st));
+        return LLM_LINK_FAILED;
+    }
+    static const unsigned ids[] = {LLMDD_UCX_AM_GET, LLMDD_UCX_AM_PUT,
+                                   LLMDD_UCX_AM_PING};
+    static const ucp_am_recv_callback_t cbs[] = {ucx_am_get, ucx_am_put,
+                                                 ucx_am_ping};
+    if ((st = ucx_am_install(ul->sw, ids, cbs, 3, ul)) != UCS_OK) {
+        log_error("ucx: active message handlers: %s", ucs_status_string(st));
         return LLM_LINK_FAILED;
     }
     ul->wakeup = ucp_worker_get_efd(ul->sw, &ul->sefd) == UCS_OK;
@@ -1502,7 +1860,19 @@ ucx_link_init(llmdd__link *link, bool client)
         free(a);
         llmdd__link_put(link);
         st = LLM_LINK_FAILED;
+        goto out;
     }
+
+    /* Every endpoint wired before the link is up: see ucx_ep_wire. */
+    pthread_mutex_lock(&ul->lock);
+    for (int s = 0; s < UCX_EPS && st == LLM_SUCCESS; s++)
+        if (ul->eps[s].ep == NULL)
+            st = ucx_ep_open(ul, s); /* their wireups run at once */
+    for (int s = 0; s < UCX_EPS && st == LLM_SUCCESS; s++)
+        st = ucx_ep_wire(ul, s, deadline);
+    pthread_mutex_unlock(&ul->lock);
+    if (st == LLM_NOT_YET_LINK)
+        st = LLM_LINK_FAILED;
 out:
     free(buf);
     free(out);
@@ -1572,6 +1942,10 @@ ucx_link_fini(llmdd__link *link)
     if (ul->wake_fd >= 0)
         close(ul->wake_fd);
     free(ul->peer_addr);
+    for (int s = 0; s < UCX_EPS; s++) {
+        free(ul->eps[s].ops);
+        free(ul->eps[s].free_ops);
+    }
     pthread_cond_destroy(&ul->cond);
     pthread_mutex_destroy(&ul->map_lock);
     pthread_mutex_destroy(&ul->lock);
@@ -1709,21 +2083,24 @@ ucx_remote_free(llmdd__remote_cache *rc)
 /* ---- Transfers. ---- */
 
 /*
- * Waits (lock held) until at most `max` operations are in flight. Fails on
- * the deadline, a down link, a failed endpoint or operation, or a revoke.
+ * Waits (lock held) until at most `max` operations and `max_bytes` bytes
+ * asked with active messages are in flight. Fails on the deadline, a down
+ * link, a failed endpoint or operation, a refusal, or a revoke.
  */
 static llmdd_status
 ucx_xwait(ucx_link *ul, ucx_rc *p, int s, ucx_xstate *xs, size_t max,
-          int64_t deadline)
+          size_t max_bytes, int64_t deadline)
 {
     for (;;) {
         if (ul->down)
             return LLM_NOT_YET_LINK;
         if (xs->status != UCS_OK || ul->eps[s].failed)
             return LLM_NOT_YET_LINK;
+        if (xs->refused != LLM_SUCCESS)
+            return xs->refused;
         if (p->revoked)
             return LLM_KV_CACHE_NOT_EXIST;
-        if (xs->outstanding <= max)
+        if (xs->outstanding <= max && xs->bytes <= max_bytes)
             return LLM_SUCCESS;
         if (llmdd__now_ms() >= deadline)
             return LLM_TIMEOUT;
@@ -1756,13 +2133,16 @@ ucx_xbegin(ucx_link *ul, ucx_rc *p, int64_t deadline, int *slot)
         }
         if (s >= 0) {
             llmdd_status st = LLM_SUCCESS;
-            if (ul->eps[s].ep == NULL)
-                st = ucx_ep_open(ul, s);
+            ul->eps[s].busy = true;
+            if (ul->eps[s].ep == NULL && (st = ucx_ep_open(ul, s)) == LLM_SUCCESS)
+                st = ucx_ep_wire(ul, s, deadline);
             if (st == LLM_SUCCESS)
                 st = ucx_rc_keys(ul, p, s);
-            if (st != LLM_SUCCESS)
+            if (st != LLM_SUCCESS) {
+                ul->eps[s].busy = false;
+                pthread_cond_broadcast(&ul->cond);
                 return st == LLM_LINK_FAILED ? LLM_NOT_YET_LINK : st;
-            ul->eps[s].busy = true;
+            }
             *slot = s;
             return LLM_SUCCESS;
         }
@@ -1781,15 +2161,60 @@ typedef struct {
     int64_t deadline;
     ucx_xstate xs;
     ucp_request_param_t prm;
+    bool am; /* active messages, not RMA */
 } ucx_xctx;
+
+/* Posts one GET or PUT active message per chunk of the range, each once
+ * the window has room (lock held). */
+static llmdd_status
+ucx_am_post(ucx_xctx *c, bool write, uint8_t *local, uint64_t raddr,
+            size_t len)
+{
+    ucx_ep *e = &c->ul->eps[c->s];
+    ucp_request_param_t prm = c->prm;
+
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    while (len > 0) {
+        size_t n = len < LLMDD_UCX_AM_CHUNK ? len : LLMDD_UCX_AM_CHUNK;
+        /* Room for the operation and its send request. */
+        llmdd_status st = ucx_xwait(c->ul, c->p, c->s, &c->xs, UCX_WINDOW - 2,
+                                    UCX_AM_BYTES - n, c->deadline);
+        if (st != LLM_SUCCESS)
+            return st;
+        uint16_t i = e->free_ops[--e->nfree];
+        ucx_amop *op = &e->ops[i];
+        op->tag = ++e->tags << UCX_WINDOW_BITS | i;
+        op->dst = write ? NULL : local;
+        op->len = n;
+        op->xs = &c->xs;
+        llmdd__ucx_amreq m = {.tag = op->tag, .addr = raddr, .len = n};
+        llmdd__ucx_amreq_encode(&m, op->hdr, sizeof(op->hdr));
+        c->xs.outstanding++;
+        c->xs.bytes += n;
+        ucs_status_ptr_t sp = ucp_am_send_nbx(
+            c->ep, write ? LLMDD_UCX_AM_PUT : LLMDD_UCX_AM_GET, op->hdr,
+            sizeof(op->hdr), write ? local : NULL, write ? n : 0, &prm);
+        if (UCS_PTR_IS_ERR(sp))
+            c->xs.status = UCS_PTR_STATUS(sp);
+        else if (sp != NULL)
+            c->xs.outstanding++; /* ucx_op_done frees it */
+        local += n;
+        raddr += n;
+        len -= n;
+    }
+    return LLM_SUCCESS;
+}
 
 /* Posts one get or put once the window has room (lock held). */
 static llmdd_status
 ucx_post(ucx_xctx *c, bool write, void *local, uint64_t raddr,
          ucp_rkey_h key, size_t len)
 {
-    llmdd_status st =
-        ucx_xwait(c->ul, c->p, c->s, &c->xs, UCX_WINDOW - 1, c->deadline);
+    if (c->am)
+        return ucx_am_post(c, write, local, raddr, len);
+    llmdd_status st = ucx_xwait(c->ul, c->p, c->s, &c->xs, UCX_WINDOW - 1,
+                                SIZE_MAX, c->deadline);
 
     if (st != LLM_SUCCESS)
         return st;
@@ -1820,8 +2245,9 @@ ucx_xfer_runs(ucx_xctx *c, const llmdd__xfer *x)
                           c->p->taddr[rt] + x->runs[r].remote_off, key,
                           (size_t)x->runs[r].len);
     }
-    /* A put is complete at the peer only once the endpoint is flushed. */
-    if (st == LLM_SUCCESS && x->write && c->xs.status == UCS_OK) {
+    /* An RMA put is complete at the peer only once the endpoint is
+     * flushed; an active-message PUT once it is acknowledged. */
+    if (st == LLM_SUCCESS && x->write && !c->am && c->xs.status == UCS_OK) {
         ucs_status_ptr_t sp = ucp_ep_flush_nbx(c->ep, &c->prm);
         if (UCS_PTR_IS_ERR(sp))
             c->xs.status = UCS_PTR_STATUS(sp);
@@ -1829,7 +2255,7 @@ ucx_xfer_runs(ucx_xctx *c, const llmdd__xfer *x)
             c->xs.outstanding++;
     }
     if (st == LLM_SUCCESS)
-        st = ucx_xwait(c->ul, c->p, c->s, &c->xs, 0, c->deadline);
+        st = ucx_xwait(c->ul, c->p, c->s, &c->xs, 0, 0, c->deadline);
     return st;
 }
 
@@ -1890,7 +2316,7 @@ ucx_xfer_gather(ucx_xctx *c, const llmdd__xfer *x, uint64_t lo,
                           (size_t)span);
         }
         if (st == LLM_SUCCESS)
-            st = ucx_xwait(c->ul, c->p, c->s, &c->xs, 0, c->deadline);
+            st = ucx_xwait(c->ul, c->p, c->s, &c->xs, 0, 0, c->deadline);
         if (st != LLM_SUCCESS)
             break;
         pthread_mutex_unlock(&c->ul->lock);
@@ -1916,6 +2342,7 @@ ucx_xabort(ucx_xctx *c)
     ucx_link *ul = c->ul;
     ucx_ep *e = &ul->eps[c->s];
 
+    ucx_am_forget(e, &c->xs);
     if (c->xs.outstanding == 0 && !e->failed && c->xs.status == UCS_OK)
         return; /* nothing in flight: the endpoint stays usable */
     if (e->peer_mode)
@@ -1951,6 +2378,7 @@ ucx_xfer(llmdd__link *link, const llmdd__xfer *x)
     ul->users++;
     c.p->inflight++;
     c.ep = ul->eps[c.s].ep;
+    c.am = !ul->rma;
     if (ucx_gather_span(x, &lo, &span))
         st = ucx_xfer_gather(&c, x, lo, span, &bounce);
     else
@@ -1998,9 +2426,14 @@ ucx_cache_removed(llmdd__link *link, const llmdd__cache *cache)
         ucx_wait_until(ul, INT64_MAX); /* a reply in flight, bounded */
     ucx_reg_unlink(ul, r);
     bool sent = r->sent;
+    /* DATA replies still reading it (active messages) end first. */
+    int64_t until = llmdd__now_ms() + UCX_STALL_MS;
+    while (r->sending > 0 && llmdd__now_ms() < until)
+        ucx_wait_until(ul, until);
+    bool released = r->sending == 0;
     pthread_mutex_unlock(&ul->lock);
 
-    if (sent) {
+    if (sent && released) {
         uint64_t seq;
         uint32_t ack = LLM_FAILED;
         llmdd_status st = ucx_call(ul, WMSG_UCX_REVOKE, cache->id,
@@ -2009,21 +2442,22 @@ ucx_cache_removed(llmdd__link *link, const llmdd__cache *cache)
         if (st == LLM_SUCCESS &&
             llmdd__ucx_ack_decode(buf, len, &seq, &ack) != 0)
             ack = LLM_FAILED;
-        if (st != LLM_SUCCESS || ack != LLM_SUCCESS) {
-            llmdd__link_drop(link, "peer did not release a removed cache");
-            /* Nothing may reach the memory once we return: wait until the
-             * workers are gone (transfers abort once the link is down). */
-            int64_t until = llmdd__now_ms() + UCX_STALL_MS;
-            pthread_mutex_lock(&ul->lock);
-            while (ul->progress_started && !ul->torn_down &&
-                   llmdd__now_ms() < until)
-                ucx_wait_until(ul, until);
-            if (!ul->torn_down && ul->progress_started)
-                log_error("ucx: cluster %llu: workers still up after a "
-                          "failed revoke",
-                          (unsigned long long)link->peer.cluster_id);
-            pthread_mutex_unlock(&ul->lock);
-        }
+        released = st == LLM_SUCCESS && ack == LLM_SUCCESS;
+    }
+    if (!released) {
+        llmdd__link_drop(link, "peer did not release a removed cache");
+        /* Nothing may reach the memory once we return: wait until the
+         * workers are gone (transfers abort once the link is down). */
+        until = llmdd__now_ms() + UCX_STALL_MS;
+        pthread_mutex_lock(&ul->lock);
+        while (ul->progress_started && !ul->torn_down &&
+               llmdd__now_ms() < until)
+            ucx_wait_until(ul, until);
+        if (!ul->torn_down && ul->progress_started)
+            log_error("ucx: cluster %llu: workers still up after a "
+                      "failed revoke",
+                      (unsigned long long)link->peer.cluster_id);
+        pthread_mutex_unlock(&ul->lock);
     }
     ucx_reg_unmap(ul, r);
     free(r);

@@ -107,6 +107,7 @@ llmdd__ucx_hello_encode(uint32_t status, const llmdd__ucx_hello *h,
             return 0;
         uw_put_u32(&w, h->version);
         uw_put_u32(&w, h->ucp_version);
+        uw_put_u32(&w, h->flags);
         uw_put_u32(&w, h->addr_len);
         uw_put_bytes(&w, h->addr, h->addr_len);
     }
@@ -125,6 +126,7 @@ llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
     if (st == LLM_SUCCESS) {
         h.version = uw_get_u32(&r);
         h.ucp_version = uw_get_u32(&r);
+        h.flags = uw_get_u32(&r);
         h.addr_len = uw_get_u32(&r);
         if (h.addr_len == 0 || h.addr_len > LLMDD_UCX_ADDR_MAX)
             return -1;
@@ -134,6 +136,33 @@ llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
         return -1;
     *status = st;
     *out = h;
+    return 0;
+}
+
+size_t
+llmdd__ucx_amreq_encode(const llmdd__ucx_amreq *m, uint8_t *buf, size_t cap)
+{
+    uw_wbuf w = {.p = buf, .cap = cap};
+
+    uw_put_u64(&w, m->tag);
+    uw_put_u64(&w, m->addr);
+    uw_put_u64(&w, m->len);
+    return uw_wdone(&w);
+}
+
+int
+llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len, llmdd__ucx_amreq *out)
+{
+    uw_rbuf r = {.p = buf, .len = len};
+    llmdd__ucx_amreq m;
+
+    m.tag = uw_get_u64(&r);
+    m.addr = uw_get_u64(&r);
+    m.len = uw_get_u64(&r);
+    if (uw_rdone(&r) != 0 || m.len == 0 || m.len > LLMDD_UCX_AM_CHUNK ||
+        m.addr + m.len < m.addr)
+        return -1;
+    *out = m;
     return 0;
 }
 

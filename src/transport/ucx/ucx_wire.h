@@ -3,7 +3,8 @@
  * common frame (ctrl/wire.h: magic, version, type, length) with the types
  * WMSG_UCX_*, over the link's data connections:
  *
- *   UCX_HELLO        version, the sender's UCP version, its worker address
+ *   UCX_HELLO        version, the sender's UCP version, flags, its worker
+ *                    address
  *   UCX_HELLO_REPLY  status, then the same fields
  *   UCX_QUERY        seq, cache id
  *   UCX_QUERY_REPLY  seq, status, then the desc, the mapped regions (base,
@@ -11,6 +12,14 @@
  *                    region
  *   UCX_REVOKE       seq, cache id: destroy your remote keys of that cache
  *   UCX_REVOKE_ACK   seq, status
+ *
+ * Where RMA would be emulated (no RDMA device on one side), transfers are
+ * UCP active messages instead (docs/rdma.md), whose headers are:
+ *
+ *   GET, PUT         tag, address, length (PUT carries the bytes as data)
+ *   DATA, ACK        tag, status (the same encoding as REVOKE_ACK; DATA
+ *                    carries the bytes of a GET that succeeded)
+ *   PING, PONG       nothing: a new endpoint's round trip (both modes)
  *
  * Every field is little-endian and encoded one by one. Decoders take
  * untrusted bytes, check every count against the bytes present and a hard
@@ -22,13 +31,20 @@
 
 #include <llmdd/llmdd.h>
 
-#define LLMDD_UCX_WIRE_VERSION 1
+#define LLMDD_UCX_WIRE_VERSION 2
 #define LLMDD_UCX_ADDR_MAX 65536u /* a worker address */
 #define LLMDD_UCX_RKEY_MAX 4096u  /* one packed remote key */
+#define LLMDD_UCX_AM_CHUNK (256u << 10) /* the most one GET or PUT moves */
+#define LLMDD_UCX_HELLO_RDMA 1u /* flags: the sender has an RDMA transport */
+
+/* Active message ids. */
+enum { LLMDD_UCX_AM_GET = 1, LLMDD_UCX_AM_PUT, LLMDD_UCX_AM_DATA,
+       LLMDD_UCX_AM_ACK, LLMDD_UCX_AM_PING, LLMDD_UCX_AM_PONG };
 
 typedef struct {
     uint32_t version;     /* LLMDD_UCX_WIRE_VERSION */
     uint32_t ucp_version; /* major << 16 | minor << 8 | release */
+    uint32_t flags;       /* LLMDD_UCX_HELLO_* */
     const uint8_t *addr;  /* points into the decoded buffer */
     uint32_t addr_len;    /* 1..LLMDD_UCX_ADDR_MAX */
 } llmdd__ucx_hello;
@@ -58,13 +74,28 @@ size_t llmdd__ucx_hello_encode(uint32_t status, const llmdd__ucx_hello *h,
 int llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
                             llmdd__ucx_hello *out);
 
+/* The header of an active-message GET or PUT. */
+typedef struct {
+    uint64_t tag;  /* the requester's; comes back in DATA or ACK */
+    uint64_t addr; /* in the serving side's memory */
+    uint64_t len;  /* 1..LLMDD_UCX_AM_CHUNK, not wrapping past addr */
+} llmdd__ucx_amreq;
+
+#define LLMDD_UCX_AMREQ_SIZE 24
+#define LLMDD_UCX_AMREP_SIZE 12 /* DATA and ACK: llmdd__ucx_ack_* */
+
+size_t llmdd__ucx_amreq_encode(const llmdd__ucx_amreq *m, uint8_t *buf,
+                               size_t cap);
+int llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len,
+                            llmdd__ucx_amreq *out);
+
 /* QUERY and REVOKE. */
 size_t llmdd__ucx_req_encode(uint64_t seq, int64_t id, uint8_t *buf,
                              size_t cap);
 int llmdd__ucx_req_decode(const uint8_t *buf, size_t len, uint64_t *seq,
                           int64_t *id);
 
-/* REVOKE_ACK. */
+/* REVOKE_ACK, and the DATA and ACK headers. */
 size_t llmdd__ucx_ack_encode(uint64_t seq, uint32_t status, uint8_t *buf,
                              size_t cap);
 int llmdd__ucx_ack_decode(const uint8_t *buf, size_t len, uint64_t *seq,
