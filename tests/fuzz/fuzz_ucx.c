@@ -2,7 +2,7 @@
  * Fuzz target: the ucx transport's exchange decoders (transport/ucx/
  * ucx_wire.c), which read a peer's HELLO, QUERY/REVOKE, REVOKE_ACK (also
  * the DATA and ACK headers), QUERY_REPLY (regions, remote keys, tensor
- * addresses) and active-message GET/PUT headers. The first byte picks
+ * addresses) and active-message GET/PUT and PING headers. The first byte picks
  * the decoder. Checks: whatever decodes re-encodes to the same bytes, every
  * tensor of a reply lies inside its region, and a rejected reply leaves
  * nothing allocated (LeakSanitizer).
@@ -60,6 +60,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     case 3: {
         llmdd__ucx_amreq m;
+        uint64_t key;
+        if (llmdd__ucx_ping_decode(p, len, &key) == 0)
+            same(p, len, llmdd__ucx_ping_encode(key, out, sizeof(out)));
         if (llmdd__ucx_amreq_decode(p, len, &m) != 0)
             return 0;
         FUZZ_CHECK(m.len >= 1 && m.len <= LLMDD_UCX_AM_CHUNK &&

@@ -289,13 +289,15 @@ gen_ucx(void)
     llmdd__ucx_hello h = {.version = LLMDD_UCX_WIRE_VERSION,
                           .ucp_version = 1 << 16 | 13 << 8 | 1,
                           .flags = LLMDD_UCX_HELLO_RDMA,
+                          .key = 0x5eed,
                           .addr = addr,
                           .addr_len = sizeof(addr)};
     llmdd__ucx_region g[2] = {{0x100000, 2 * 4096, key, sizeof(key)},
                               {0x900000, 4096, key, 4}};
     uint64_t taddr[3] = {0x100000, 0x101000, 0x900000};
     uint32_t treg[3] = {0, 0, 1};
-    llmdd__ucx_amreq am = {.tag = 5 << 10 | 1, .addr = 0x101000, .len = 4096};
+    llmdd__ucx_amreq am = {
+        .key = 0x5eed, .tag = 5 << 10 | 1, .addr = 0x101000, .len = 4096};
     llmdd__ucx_reply m = {.seq = 9,
                           .status = LLM_SUCCESS,
                           .desc = {.num_tensors = 3,
@@ -319,6 +321,8 @@ gen_ucx(void)
     ucx("revoke_ack", 2, p, n);
     n = llmdd__ucx_amreq_encode(&am, p, sizeof(p));
     ucx("am_get", 3, p, n);
+    n = llmdd__ucx_ping_encode(0x5eed, p, sizeof(p));
+    ucx("am_ping", 3, p, n);
     n = llmdd__ucx_reply_encode(&m, p, sizeof(p));
     ucx("reply", 4, p, n);
     m.status = LLM_KV_CACHE_NOT_EXIST;

@@ -55,7 +55,8 @@ test_hello_round_trip(void **state)
 {
     uint8_t addr[300], buf[400];
     llmdd__ucx_hello h = {.version = 2, .ucp_version = 0x010d01,
-                          .flags = LLMDD_UCX_HELLO_RDMA, .addr = addr,
+                          .flags = LLMDD_UCX_HELLO_RDMA,
+                          .key = 0x0123456789abcdefull, .addr = addr,
                           .addr_len = sizeof(addr)};
     llmdd__ucx_hello out;
     uint32_t st;
@@ -64,11 +65,12 @@ test_hello_round_trip(void **state)
     for (size_t i = 0; i < sizeof(addr); i++)
         addr[i] = (uint8_t)(i * 7);
     size_t n = llmdd__ucx_hello_encode(LLM_SUCCESS, &h, buf, sizeof(buf));
-    assert_int_equal(n, 20 + sizeof(addr));
+    assert_int_equal(n, 28 + sizeof(addr));
     assert_int_equal(llmdd__ucx_hello_decode(buf, n, &st, &out), 0);
     assert_int_equal(st, LLM_SUCCESS);
     assert_int_equal(out.ucp_version, 0x010d01);
     assert_int_equal(out.flags, LLMDD_UCX_HELLO_RDMA);
+    assert_int_equal(out.key, 0x0123456789abcdefull);
     assert_int_equal(out.addr_len, sizeof(addr));
     assert_memory_equal(out.addr, addr, sizeof(addr));
     /* Every truncation and one trailing byte are rejected. */
@@ -94,14 +96,14 @@ test_hello_bad_length(void **state)
     (void)state;
     /* An address length of zero, and one over the cap. */
     memset(buf, 0, sizeof(buf));
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 20, &st, &out), -1);
-    buf[16] = 0x01;
-    buf[18] = 0x01; /* 65537 */
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 20, &st, &out), -1);
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 28, &st, &out), -1);
+    buf[24] = 0x01;
+    buf[26] = 0x01; /* 65537 */
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 28, &st, &out), -1);
     /* A length the payload does not hold. */
     memset(buf, 0, sizeof(buf));
-    buf[16] = 40;
-    assert_int_equal(llmdd__ucx_hello_decode(buf, 36, &st, &out), -1);
+    buf[24] = 40;
+    assert_int_equal(llmdd__ucx_hello_decode(buf, 44, &st, &out), -1);
     /* The encoder refuses an oversized address too. */
     llmdd__ucx_hello h = {.addr = buf, .addr_len = LLMDD_UCX_ADDR_MAX + 1};
     assert_int_equal(llmdd__ucx_hello_encode(LLM_SUCCESS, &h, buf, 64), 0);
@@ -112,8 +114,8 @@ test_hello_bad_length(void **state)
 static void
 test_amreq(void **state)
 {
-    llmdd__ucx_amreq m = {.tag = 7 << 10 | 3, .addr = 0x7f0000001000,
-                          .len = LLMDD_UCX_AM_CHUNK};
+    llmdd__ucx_amreq m = {.key = 0xfeedfacecafebeefull, .tag = 7 << 10 | 3,
+                          .addr = 0x7f0000001000, .len = LLMDD_UCX_AM_CHUNK};
     llmdd__ucx_amreq out;
     uint8_t buf[32];
 
@@ -121,6 +123,7 @@ test_amreq(void **state)
     size_t n = llmdd__ucx_amreq_encode(&m, buf, sizeof(buf));
     assert_int_equal(n, LLMDD_UCX_AMREQ_SIZE);
     assert_int_equal(llmdd__ucx_amreq_decode(buf, n, &out), 0);
+    assert_int_equal(out.key, m.key);
     assert_int_equal(out.tag, m.tag);
     assert_int_equal(out.addr, m.addr);
     assert_int_equal(out.len, m.len);
@@ -138,6 +141,16 @@ test_amreq(void **state)
         n = llmdd__ucx_amreq_encode(&m, buf, sizeof(buf));
         assert_int_equal(llmdd__ucx_amreq_decode(buf, n, &out), -1);
     }
+
+    /* PING: the key, exactly. */
+    uint64_t key = 0;
+    n = llmdd__ucx_ping_encode(m.key, buf, sizeof(buf));
+    assert_int_equal(n, LLMDD_UCX_PING_SIZE);
+    assert_int_equal(llmdd__ucx_ping_decode(buf, n, &key), 0);
+    assert_int_equal(key, m.key);
+    assert_int_equal(llmdd__ucx_ping_decode(buf, n - 1, &key), -1);
+    assert_int_equal(llmdd__ucx_ping_decode(buf, n + 1, &key), -1);
+    assert_int_equal(llmdd__ucx_ping_decode(NULL, 0, &key), -1);
 }
 
 static void

@@ -335,6 +335,9 @@ struct ucx_link {
     int sefd;        /* its event fd */
     bool wakeup;     /* workers have event fds */
     bool rma;        /* RMA, not active messages, moves the bytes */
+    uint64_t key;      /* requests to our serve worker must carry it */
+    uint64_t peer_key; /* and ours to the peer's, this */
+    bool stranger_seen; /* a request without the key was logged */
     int wake_fd;
     uint8_t *peer_addr; /* the peer's serve worker; NULL before UCX_HELLO */
     size_t peer_addr_len;
@@ -668,6 +671,17 @@ ucx_am_broken(ucx_link *ul, const char *what)
     pthread_cond_broadcast(&ul->cond);
 }
 
+/* A request without our key: not from our peer (UCX authenticates no one
+ * who connects to a worker). Dropped; logged once per link. Lock held. */
+static void
+ucx_am_stranger(ucx_link *ul, const char *what)
+{
+    if (!ul->stranger_seen)
+        log_warn("ucx: cluster %llu: dropped a %s without the link's key",
+                 (unsigned long long)ucx_cluster(ul), what);
+    ul->stranger_seen = true;
+}
+
 /* Serving side: a GET or PUT from the peer. Lock held (in progress). */
 static ucs_status_t
 ucx_am_serve(ucx_link *ul, bool put, const void *header, size_t hlen,
@@ -680,6 +694,10 @@ ucx_am_serve(ucx_link *ul, bool put, const void *header, size_t hlen,
         (prm->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
         len != (put ? m.len : 0)) {
         ucx_am_broken(ul, put ? "PUT" : "GET");
+        return UCS_OK;
+    }
+    if (m.key != ul->key) {
+        ucx_am_stranger(ul, put ? "PUT" : "GET");
         return UCS_OK;
     }
     ucx_reg *r = ul->down ? NULL : ucx_reg_holding(ul, m.addr, m.len);
@@ -729,12 +747,17 @@ ucx_am_ping(void *arg, const void *header, size_t hlen, void *data,
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_EAGER};
+    ucx_link *ul = arg;
+    uint64_t key;
 
-    (void)header;
     (void)data;
-    if (hlen != 0 || len != 0 ||
+    if (llmdd__ucx_ping_decode(header, hlen, &key) != 0 || len != 0 ||
         !(prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-        ucx_am_broken(arg, "PING");
+        ucx_am_broken(ul, "PING");
+        return UCS_OK;
+    }
+    if (key != ul->key) {
+        ucx_am_stranger(ul, "PING");
         return UCS_OK;
     }
     ucs_status_ptr_t sp =
@@ -1071,8 +1094,11 @@ ucx_ep_wire(ucx_link *ul, int s, int64_t deadline)
         .cb.send = ucx_op_done,
         .user_data = &xs,
     };
+    uint8_t hdr[LLMDD_UCX_PING_SIZE]; /* the send ends before we return */
+
+    llmdd__ucx_ping_encode(ul->peer_key, hdr, sizeof(hdr));
     ucs_status_ptr_t sp =
-        ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, NULL, 0, NULL, 0, &p);
+        ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, hdr, sizeof(hdr), NULL, 0, &p);
 
     if (UCS_PTR_IS_ERR(sp))
         return LLM_NOT_YET_LINK;
@@ -1610,6 +1636,7 @@ ucx_hello_make(ucx_link *ul, uint32_t status, uint8_t **out)
     llmdd__ucx_hello h = {.version = LLMDD_UCX_WIRE_VERSION,
                           .ucp_version = maj << 16 | min << 8 | rel,
                           .flags = ucx_probed.rdma ? LLMDD_UCX_HELLO_RDMA : 0,
+                          .key = ul->key,
                           .addr = (const uint8_t *)addr,
                           .addr_len = (uint32_t)alen};
     size_t cap = 32 + alen;
@@ -1662,6 +1689,7 @@ ucx_hello_take(ucx_link *ul, const uint8_t *buf, size_t len)
     if (!ul->down && ul->peer_addr == NULL) {
         ul->peer_addr = addr;
         ul->peer_addr_len = h.addr_len;
+        ul->peer_key = h.key;
         addr = NULL;
         /* RMA only where both sides have RDMA: elsewhere UCX 1.13 would
          * emulate it, and aborts on a peer that dies (see above). */
@@ -1770,7 +1798,7 @@ ucx_workers_init(ucx_link *ul)
     ucs_status_t st;
 
     ul->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (ul->wake_fd < 0)
+    if (ul->wake_fd < 0 || llmdd__random(&ul->key, sizeof(ul->key)) != 0)
         return LLM_FAILED;
     pthread_once(&ucx_probe_once, ucx_probe_run);
     if ((ul->ctx = ucx_ctx_get()) == NULL)
@@ -2188,7 +2216,8 @@ ucx_am_post(ucx_xctx *c, bool write, uint8_t *local, uint64_t raddr,
         op->dst = write ? NULL : local;
         op->len = n;
         op->xs = &c->xs;
-        llmdd__ucx_amreq m = {.tag = op->tag, .addr = raddr, .len = n};
+        llmdd__ucx_amreq m = {
+            .key = c->ul->peer_key, .tag = op->tag, .addr = raddr, .len = n};
         llmdd__ucx_amreq_encode(&m, op->hdr, sizeof(op->hdr));
         c->xs.outstanding++;
         c->xs.bytes += n;

@@ -108,6 +108,7 @@ llmdd__ucx_hello_encode(uint32_t status, const llmdd__ucx_hello *h,
         uw_put_u32(&w, h->version);
         uw_put_u32(&w, h->ucp_version);
         uw_put_u32(&w, h->flags);
+        uw_put_u64(&w, h->key);
         uw_put_u32(&w, h->addr_len);
         uw_put_bytes(&w, h->addr, h->addr_len);
     }
@@ -127,6 +128,7 @@ llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
         h.version = uw_get_u32(&r);
         h.ucp_version = uw_get_u32(&r);
         h.flags = uw_get_u32(&r);
+        h.key = uw_get_u64(&r);
         h.addr_len = uw_get_u32(&r);
         if (h.addr_len == 0 || h.addr_len > LLMDD_UCX_ADDR_MAX)
             return -1;
@@ -144,6 +146,7 @@ llmdd__ucx_amreq_encode(const llmdd__ucx_amreq *m, uint8_t *buf, size_t cap)
 {
     uw_wbuf w = {.p = buf, .cap = cap};
 
+    uw_put_u64(&w, m->key);
     uw_put_u64(&w, m->tag);
     uw_put_u64(&w, m->addr);
     uw_put_u64(&w, m->len);
@@ -156,6 +159,7 @@ llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len, llmdd__ucx_amreq *out)
     uw_rbuf r = {.p = buf, .len = len};
     llmdd__ucx_amreq m;
 
+    m.key = uw_get_u64(&r);
     m.tag = uw_get_u64(&r);
     m.addr = uw_get_u64(&r);
     m.len = uw_get_u64(&r);
@@ -163,6 +167,27 @@ llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len, llmdd__ucx_amreq *out)
         m.addr + m.len < m.addr)
         return -1;
     *out = m;
+    return 0;
+}
+
+size_t
+llmdd__ucx_ping_encode(uint64_t key, uint8_t *buf, size_t cap)
+{
+    uw_wbuf w = {.p = buf, .cap = cap};
+
+    uw_put_u64(&w, key);
+    return uw_wdone(&w);
+}
+
+int
+llmdd__ucx_ping_decode(const uint8_t *buf, size_t len, uint64_t *key)
+{
+    uw_rbuf r = {.p = buf, .len = len};
+    uint64_t k = uw_get_u64(&r);
+
+    if (uw_rdone(&r) != 0)
+        return -1;
+    *key = k;
     return 0;
 }
 

@@ -3,8 +3,8 @@
  * common frame (ctrl/wire.h: magic, version, type, length) with the types
  * WMSG_UCX_*, over the link's data connections:
  *
- *   UCX_HELLO        version, the sender's UCP version, flags, its worker
- *                    address
+ *   UCX_HELLO        version, the sender's UCP version, flags, the key its
+ *                    serve worker wants in requests, its worker address
  *   UCX_HELLO_REPLY  status, then the same fields
  *   UCX_QUERY        seq, cache id
  *   UCX_QUERY_REPLY  seq, status, then the desc, the mapped regions (base,
@@ -16,10 +16,15 @@
  * Where RMA would be emulated (no RDMA device on one side), transfers are
  * UCP active messages instead (docs/rdma.md), whose headers are:
  *
- *   GET, PUT         tag, address, length (PUT carries the bytes as data)
+ *   GET, PUT         key, tag, address, length (PUT carries the bytes)
  *   DATA, ACK        tag, status (the same encoding as REVOKE_ACK; DATA
  *                    carries the bytes of a GET that succeeded)
- *   PING, PONG       nothing: a new endpoint's round trip (both modes)
+ *   PING             key: a new endpoint's round trip (both modes)
+ *   PONG             nothing
+ *
+ * A request whose key is not the one the serving side sent in its HELLO
+ * (over the link's authenticated data connection) is dropped: UCX does not
+ * authenticate who connects to a worker.
  *
  * Every field is little-endian and encoded one by one. Decoders take
  * untrusted bytes, check every count against the bytes present and a hard
@@ -45,6 +50,7 @@ typedef struct {
     uint32_t version;     /* LLMDD_UCX_WIRE_VERSION */
     uint32_t ucp_version; /* major << 16 | minor << 8 | release */
     uint32_t flags;       /* LLMDD_UCX_HELLO_* */
+    uint64_t key;         /* requests to the sender's serve worker carry it */
     const uint8_t *addr;  /* points into the decoded buffer */
     uint32_t addr_len;    /* 1..LLMDD_UCX_ADDR_MAX */
 } llmdd__ucx_hello;
@@ -76,18 +82,24 @@ int llmdd__ucx_hello_decode(const uint8_t *buf, size_t len, uint32_t *status,
 
 /* The header of an active-message GET or PUT. */
 typedef struct {
+    uint64_t key;  /* the serving side's, from its HELLO */
     uint64_t tag;  /* the requester's; comes back in DATA or ACK */
     uint64_t addr; /* in the serving side's memory */
     uint64_t len;  /* 1..LLMDD_UCX_AM_CHUNK, not wrapping past addr */
 } llmdd__ucx_amreq;
 
-#define LLMDD_UCX_AMREQ_SIZE 24
+#define LLMDD_UCX_AMREQ_SIZE 32
+#define LLMDD_UCX_PING_SIZE 8
 #define LLMDD_UCX_AMREP_SIZE 12 /* DATA and ACK: llmdd__ucx_ack_* */
 
 size_t llmdd__ucx_amreq_encode(const llmdd__ucx_amreq *m, uint8_t *buf,
                                size_t cap);
 int llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len,
                             llmdd__ucx_amreq *out);
+
+/* PING: the key alone. */
+size_t llmdd__ucx_ping_encode(uint64_t key, uint8_t *buf, size_t cap);
+int llmdd__ucx_ping_decode(const uint8_t *buf, size_t len, uint64_t *key);
 
 /* QUERY and REVOKE. */
 size_t llmdd__ucx_req_encode(uint64_t seq, int64_t id, uint8_t *buf,
