@@ -65,10 +65,10 @@ typedef struct {
     ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
-    uint64_t key;      /* the prompt's */
-    uint64_t base;     /* the cache's first tensor */
-    uint64_t last;     /* its last tensor (4096 bytes, th_desc_kv) */
-    uint64_t end;      /* one past its region */
+    uint64_t key;  /* the prompt's */
+    uint64_t base; /* the cache's first tensor */
+    uint64_t last; /* its last tensor (4096 bytes, th_desc_kv) */
+    uint64_t end;  /* one past its region */
     int ctrl, fd;
 } attacker;
 
@@ -143,10 +143,10 @@ attacker_start(attacker *a)
                             LLMDD_UCX_AM_PONG};
     for (int i = 0; i < 3; i++) {
         ucp_am_handler_param_t hp = {
-            .field_mask =
-                UCP_AM_HANDLER_PARAM_FIELD_ID |
-                UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                          UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                          UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG,
             .id = ids[i],
             .flags = UCP_AM_FLAG_WHOLE_MSG,
             .cb = ids[i] == LLMDD_UCX_AM_PONG ? on_pong : on_answer,
@@ -310,8 +310,8 @@ test_malformed_header_drops_the_link(void **state)
         llmdd__ucx_amreq m = {
             .key = a.key, .tag = 1, .addr = UINT64_MAX - 63, .len = 64};
         llmdd__ucx_amreq_encode(&m, hdr, sizeof(hdr));
-        send_am(&a, LLMDD_UCX_AM_GET, hdr, i == 0 ? sizeof(hdr) - 1 : sizeof(hdr),
-                NULL, 0);
+        send_am(&a, LLMDD_UCX_AM_GET, hdr,
+                i == 0 ? sizeof(hdr) - 1 : sizeof(hdr), NULL, 0);
         progress_for(&a, 200, NULL, 0);
         assert_true(fu_closed_within(a.ctrl, 5000 + margin));
         attacker_stop(&a);
@@ -322,7 +322,7 @@ test_malformed_header_drops_the_link(void **state)
 static int
 setup(void **state)
 {
-    const char *args[] = {"--cluster", "1", "--role", "prompt",
+    const char *args[] = {"--cluster",   "1",   "--role", "prompt",
                           "--transport", "ucx", NULL};
 
     (void)state;

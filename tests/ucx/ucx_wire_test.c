@@ -54,9 +54,11 @@ static void
 test_hello_round_trip(void **state)
 {
     uint8_t addr[300], buf[400];
-    llmdd__ucx_hello h = {.version = 2, .ucp_version = 0x010d01,
+    llmdd__ucx_hello h = {.version = 2,
+                          .ucp_version = 0x010d01,
                           .flags = LLMDD_UCX_HELLO_RDMA,
-                          .key = 0x0123456789abcdefull, .addr = addr,
+                          .key = 0x0123456789abcdefull,
+                          .addr = addr,
                           .addr_len = sizeof(addr)};
     llmdd__ucx_hello out;
     uint32_t st;
@@ -114,8 +116,10 @@ test_hello_bad_length(void **state)
 static void
 test_amreq(void **state)
 {
-    llmdd__ucx_amreq m = {.key = 0xfeedfacecafebeefull, .tag = 7 << 10 | 3,
-                          .addr = 0x7f0000001000, .len = LLMDD_UCX_AM_CHUNK};
+    llmdd__ucx_amreq m = {.key = 0xfeedfacecafebeefull,
+                          .tag = 7 << 10 | 3,
+                          .addr = 0x7f0000001000,
+                          .len = LLMDD_UCX_AM_CHUNK};
     llmdd__ucx_amreq out;
     uint8_t buf[32];
 
@@ -132,9 +136,8 @@ test_amreq(void **state)
     assert_int_equal(llmdd__ucx_amreq_decode(buf, n + 1, &out), -1);
     assert_int_equal(llmdd__ucx_amreq_encode(&m, buf, n - 1), 0);
 
-    uint64_t bad[][2] = {{0x1000, 0},
-                         {0x1000, LLMDD_UCX_AM_CHUNK + 1},
-                         {UINT64_MAX - 10, 100}};
+    uint64_t bad[][2] = {
+        {0x1000, 0}, {0x1000, LLMDD_UCX_AM_CHUNK + 1}, {UINT64_MAX - 10, 100}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         m.addr = bad[i][0];
         m.len = bad[i][1];

@@ -217,7 +217,8 @@ ucx_probe_run(void)
     char *text = NULL;
     size_t len = 0;
 
-    ucx_probed.rma_env = rma == NULL || *rma == '\0' ? -1 : strcmp(rma, "0") != 0;
+    ucx_probed.rma_env =
+        rma == NULL || *rma == '\0' ? -1 : strcmp(rma, "0") != 0;
     ucs_status_t st = ucx_ctx_create(false, &ctx);
     if (st != UCS_OK) {
         snprintf(ucx_probed.info, sizeof(ucx_probed.info),
@@ -335,8 +336,8 @@ struct ucx_link {
     int sefd;        /* its event fd */
     bool wakeup;     /* workers have event fds */
     bool rma;        /* RMA, not active messages, moves the bytes */
-    uint64_t key;      /* requests to our serve worker must carry it */
-    uint64_t peer_key; /* and ours to the peer's, this */
+    uint64_t key;    /* requests to our serve worker must carry it */
+    uint64_t peer_key;  /* and ours to the peer's, this */
     bool stranger_seen; /* a request without the key was logged */
     int wake_fd;
     uint8_t *peer_addr; /* the peer's serve worker; NULL before UCX_HELLO */
@@ -733,8 +734,8 @@ ucx_am_serve(ucx_link *ul, bool put, const void *header, size_t hlen,
 }
 
 static ucs_status_t
-ucx_am_get(void *arg, const void *header, size_t hlen, void *data,
-           size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_get(void *arg, const void *header, size_t hlen, void *data, size_t len,
+           const ucp_am_recv_param_t *prm)
 {
     return ucx_am_serve(arg, false, header, hlen, data, len, prm);
 }
@@ -742,8 +743,8 @@ ucx_am_get(void *arg, const void *header, size_t hlen, void *data,
 /* Serving side: PING, answered on the same lane as the wireup reply, so a
  * PONG tells the requester that reply is gone (ucx_ep_wire). */
 static ucs_status_t
-ucx_am_ping(void *arg, const void *header, size_t hlen, void *data,
-            size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_ping(void *arg, const void *header, size_t hlen, void *data, size_t len,
+            const ucp_am_recv_param_t *prm)
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_EAGER};
@@ -768,8 +769,8 @@ ucx_am_ping(void *arg, const void *header, size_t hlen, void *data,
 }
 
 static ucs_status_t
-ucx_am_put(void *arg, const void *header, size_t hlen, void *data,
-           size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_put(void *arg, const void *header, size_t hlen, void *data, size_t len,
+           const ucp_am_recv_param_t *prm)
 {
     return ucx_am_serve(arg, true, header, hlen, data, len, prm);
 }
@@ -814,22 +815,22 @@ ucx_am_answer(ucx_ep *e, bool data_msg, const void *header, size_t hlen,
 }
 
 static ucs_status_t
-ucx_am_data(void *arg, const void *header, size_t hlen, void *data,
-            size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_data(void *arg, const void *header, size_t hlen, void *data, size_t len,
+            const ucp_am_recv_param_t *prm)
 {
     return ucx_am_answer(arg, true, header, hlen, data, len, prm);
 }
 
 static ucs_status_t
-ucx_am_ack(void *arg, const void *header, size_t hlen, void *data,
-           size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_ack(void *arg, const void *header, size_t hlen, void *data, size_t len,
+           const ucp_am_recv_param_t *prm)
 {
     return ucx_am_answer(arg, false, header, hlen, data, len, prm);
 }
 
 static ucs_status_t
-ucx_am_pong(void *arg, const void *header, size_t hlen, void *data,
-            size_t len, const ucp_am_recv_param_t *prm)
+ucx_am_pong(void *arg, const void *header, size_t hlen, void *data, size_t len,
+            const ucp_am_recv_param_t *prm)
 {
     ucx_ep *e = arg;
 
@@ -979,7 +980,6 @@ ucx_ep_open(ucx_link *ul, int s)
     return LLM_SUCCESS;
 }
 
-
 /*
  * Completion of a transfer's operation (and of a close): lock held. The
  * request is freed here, not when posted: ucp_request_free on a pending
@@ -1097,8 +1097,8 @@ ucx_ep_wire(ucx_link *ul, int s, int64_t deadline)
     uint8_t hdr[LLMDD_UCX_PING_SIZE]; /* the send ends before we return */
 
     llmdd__ucx_ping_encode(ul->peer_key, hdr, sizeof(hdr));
-    ucs_status_ptr_t sp =
-        ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, hdr, sizeof(hdr), NULL, 0, &p);
+    ucs_status_ptr_t sp = ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, hdr,
+                                          sizeof(hdr), NULL, 0, &p);
 
     if (UCS_PTR_IS_ERR(sp))
         return LLM_NOT_YET_LINK;
@@ -2162,7 +2162,8 @@ ucx_xbegin(ucx_link *ul, ucx_rc *p, int64_t deadline, int *slot)
         if (s >= 0) {
             llmdd_status st = LLM_SUCCESS;
             ul->eps[s].busy = true;
-            if (ul->eps[s].ep == NULL && (st = ucx_ep_open(ul, s)) == LLM_SUCCESS)
+            if (ul->eps[s].ep == NULL &&
+                (st = ucx_ep_open(ul, s)) == LLM_SUCCESS)
                 st = ucx_ep_wire(ul, s, deadline);
             if (st == LLM_SUCCESS)
                 st = ucx_rc_keys(ul, p, s);
@@ -2195,8 +2196,7 @@ typedef struct {
 /* Posts one GET or PUT active message per chunk of the range, each once
  * the window has room (lock held). */
 static llmdd_status
-ucx_am_post(ucx_xctx *c, bool write, uint8_t *local, uint64_t raddr,
-            size_t len)
+ucx_am_post(ucx_xctx *c, bool write, uint8_t *local, uint64_t raddr, size_t len)
 {
     ucx_ep *e = &c->ul->eps[c->s];
     ucp_request_param_t prm = c->prm;

@@ -43,8 +43,14 @@
 #define LLMDD_UCX_HELLO_RDMA 1u /* flags: the sender has an RDMA transport */
 
 /* Active message ids. */
-enum { LLMDD_UCX_AM_GET = 1, LLMDD_UCX_AM_PUT, LLMDD_UCX_AM_DATA,
-       LLMDD_UCX_AM_ACK, LLMDD_UCX_AM_PING, LLMDD_UCX_AM_PONG };
+enum {
+    LLMDD_UCX_AM_GET = 1,
+    LLMDD_UCX_AM_PUT,
+    LLMDD_UCX_AM_DATA,
+    LLMDD_UCX_AM_ACK,
+    LLMDD_UCX_AM_PING,
+    LLMDD_UCX_AM_PONG
+};
 
 typedef struct {
     uint32_t version;     /* LLMDD_UCX_WIRE_VERSION */
