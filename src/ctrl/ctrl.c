@@ -748,9 +748,11 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     memcpy(rep.boot_id, llmdd__boot_id(), sizeof(rep.boot_id));
     rep.nonce = dd->nonce;
     rep.auth = token != NULL;
-    llmdd__random(rep.snonce, sizeof(rep.snonce));
     rep.status = LLM_SUCCESS;
-    if (h->cluster_id == dd->cluster_id) {
+    if (llmdd__random(rep.snonce, sizeof(rep.snonce)) != 0) {
+        log_error("handshake: no random bytes: %s", strerror(errno));
+        rep.status = LLM_FAILED;
+    } else if (h->cluster_id == dd->cluster_id) {
         log_error("handshake: peer has our own cluster id %llu",
                   (unsigned long long)h->cluster_id);
         rep.status = LLM_LINK_FAILED;
@@ -797,8 +799,8 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
                   (unsigned long long)h->cluster_id, conf.transport);
         goto reply;
     }
-    llmdd__random(link->token, sizeof(link->token));
-    if (link->ops->link_init(link, false) != LLM_SUCCESS)
+    if (llmdd__random(link->token, sizeof(link->token)) != 0 ||
+        link->ops->link_init(link, false) != LLM_SUCCESS)
         goto reply;
     link->ctrl_fd = fd;
     res.status = link_publish(dd, link);
@@ -903,11 +905,11 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     memcpy(h.boot_id, llmdd__boot_id(), sizeof(h.boot_id));
     h.nonce = dd->nonce;
     h.auth = token != NULL;
-    llmdd__random(h.cnonce, sizeof(h.cnonce));
 
     st = LLM_LINK_FAILED;
-    len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
+    if (llmdd__random(h.cnonce, sizeof(h.cnonce)) != 0 ||
+        (len = llmdd__wire_hello_encode(&h, buf, sizeof(buf))) == 0 ||
+        llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
         llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
                         &to) != 0 ||
         type != WMSG_HELLO_REPLY ||

@@ -56,6 +56,8 @@
 #define UCX_CLOSE_WARN_MS 5000
 #define UCX_SPIN_US 50   /* the progress thread polls this long after work */
 #define UCX_SLICE_US 200 /* and holds the lock at most about this long */
+#define UCX_FAIR_US 2000 /* busy this long with waiters: a real pause */
+#define UCX_PAUSE_NS 100000
 #define UCX_FLAG_HELLO 1u /* the first FWD connection: address exchange */
 #define UCX_FLAG_REV 2u   /* the server's request connection */
 #define UCX_SMALL_MSG 64
@@ -344,6 +346,7 @@ struct ucx_link {
     size_t peer_addr_len;
     ucx_ep eps[UCX_EPS];
     int users; /* transfers: the progress thread stays while any runs */
+    int waiters; /* threads in ucx_wait_until */
     bool down, failed, drop_asked;
     bool progress_started, torn_down;
     ucx_reg *regs;
@@ -363,11 +366,15 @@ ucx_cluster(const ucx_link *ul)
     return ul->link->peer.cluster_id;
 }
 
-/* Waits on ul->cond (lock held) until woken or the deadline. */
+/* Waits on ul->cond (lock held) until woken or the deadline; counted, so
+ * that a busy progress thread lets go of the lock now and then (see
+ * ucx_progress_main). */
 static void
 ucx_wait_until(ucx_link *ul, int64_t deadline)
 {
+    ul->waiters++;
     llmdd__cond_wait_until(&ul->cond, &ul->lock, deadline);
+    ul->waiters--;
 }
 
 static int64_t
@@ -1170,7 +1177,7 @@ ucx_progress_main(void *arg)
     ucx_link *ul = arg;
     llmdd__link *link = ul->link;
 
-    int64_t last_work = 0;
+    int64_t last_work = 0, busy_since = INT64_MAX;
 
     pthread_mutex_lock(&ul->lock);
     for (;;) {
@@ -1201,11 +1208,24 @@ ucx_progress_main(void *arg)
         if (n > 0)
             last_work = t;
         if (k > 0 || t - last_work < UCX_SPIN_US) {
+            /* A mutex is not fair: a yield alone can starve a requester
+             * whose wait ended (woken, or at its deadline) for as long as
+             * data streams in. With someone waiting, pause now and then. */
+            if (busy_since == INT64_MAX)
+                busy_since = t;
+            bool pause = ul->waiters > 0 && t - busy_since >= UCX_FAIR_US;
             pthread_mutex_unlock(&ul->lock);
-            sched_yield();
+            if (pause) {
+                struct timespec ts = {0, UCX_PAUSE_NS};
+                nanosleep(&ts, NULL);
+                busy_since = ucx_now_us();
+            } else {
+                sched_yield();
+            }
             pthread_mutex_lock(&ul->lock);
             continue;
         }
+        busy_since = INT64_MAX;
         int timeout = -1, busy = 0;
         struct pollfd pfd[2 + UCX_EPS];
         nfds_t npfd = 0;
