@@ -86,11 +86,18 @@ static struct {
 } ucx_probed;
 static pthread_once_t ucx_probe_once = PTHREAD_ONCE_INIT;
 
-/* Our defaults: the environment variable, the key as UCX's transports
- * know it (ucp_config_modify), the value. */
-static const char *const ucx_defaults[][3] = {
-    {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "256k"},
-    {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "256k"},
+/* Our defaults where tcp is in use: the environment variable, the key as
+ * UCX knows it (ucp_config_modify), the value, and whether it applies only
+ * without RDMA (the key also governs RDMA transports). */
+static const struct {
+    const char *env, *key, *value;
+    bool no_rdma;
+} ucx_defaults[] = {
+    {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "256k", false},
+    {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "256k", false},
+    /* UCX 1.13's tcp completes a zero-copy send twice when its peer dies
+     * (uct_iface.h:884 "comp->count > 0") and aborts: copy instead. */
+    {"UCX_ZCOPY_THRESH", "ZCOPY_THRESH", "inf", true},
 };
 
 static ucs_status_t
@@ -116,8 +123,9 @@ ucx_ctx_create(bool tuned, ucp_context_h *out)
     for (size_t i = 0; tuned && ucx_probed.tcp &&
                        i < sizeof(ucx_defaults) / sizeof(ucx_defaults[0]);
          i++)
-        if (getenv(ucx_defaults[i][0]) == NULL)
-            ucp_config_modify(cfg, ucx_defaults[i][1], ucx_defaults[i][2]);
+        if (getenv(ucx_defaults[i].env) == NULL &&
+            !(ucx_defaults[i].no_rdma && ucx_probed.rdma))
+            ucp_config_modify(cfg, ucx_defaults[i].key, ucx_defaults[i].value);
     st = ucp_init(&p, cfg, out);
     ucp_config_release(cfg);
     return st;
