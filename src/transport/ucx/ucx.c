@@ -1797,6 +1797,22 @@ ucx_reaches(const llmdd__link *link)
                                      LLMDD_BOOT_ID_LEN) != 0;
 }
 
+/* Once per process: what a forced ucx over UCX 1.13's tcp still risks. */
+static pthread_once_t ucx_warn_once = PTHREAD_ONCE_INIT;
+
+static void
+ucx_warn_tcp(void)
+{
+    unsigned maj, min, rel;
+
+    ucp_get_version(&maj, &min, &rel);
+    if (ucx_probed.tcp && !ucx_probed.rdma && (maj << 8 | min) <= (1u << 8 | 13))
+        log_warn("ucx: UCX %u.%u over tcp aborts a process whose peer dies "
+                 "while their link is being made (docs/rdma.md); prefer "
+                 "llm.Transport=auto or tcp here",
+                 maj, min);
+}
+
 static ucx_link *
 ucx_link_new(llmdd__link *link)
 {
@@ -1829,6 +1845,7 @@ ucx_workers_init(ucx_link *ul)
     if (ul->wake_fd < 0 || llmdd__random(&ul->key, sizeof(ul->key)) != 0)
         return LLM_FAILED;
     pthread_once(&ucx_probe_once, ucx_probe_run);
+    pthread_once(&ucx_warn_once, ucx_warn_tcp);
     if ((ul->ctx = ucx_ctx_get()) == NULL)
         return LLM_LINK_FAILED;
     if ((st = ucp_worker_create(ul->ctx, &wp, &ul->sw)) != UCS_OK) {
