@@ -1806,7 +1806,8 @@ ucx_warn_tcp(void)
     unsigned maj, min, rel;
 
     ucp_get_version(&maj, &min, &rel);
-    if (ucx_probed.tcp && !ucx_probed.rdma && (maj << 8 | min) <= (1u << 8 | 13))
+    if (ucx_probed.tcp && !ucx_probed.rdma &&
+        (maj << 8 | min) <= (1u << 8 | 13))
         log_warn("ucx: UCX %u.%u over tcp aborts a process whose peer dies "
                  "while their link is being made (docs/rdma.md); prefer "
                  "llm.Transport=auto or tcp here",
