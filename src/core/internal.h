@@ -62,7 +62,8 @@ typedef struct llmdd__link {
     int ctrl_fd;
     pthread_mutex_t wlock; /* serializes writes to ctrl_fd */
     const llmdd_transport_ops *ops;
-    void *tp; /* transport state */
+    bool forced; /* ops was named by one side, not picked by auto */
+    void *tp;    /* transport state */
     int64_t deadline_ms; /* of the link call, for the transport's setup */
 
     /* Guarded by dd->lock. */

@@ -686,7 +686,8 @@ transport_pick(llmdd *dd, llmdd__link *link, const char *peer_forced)
 
     if (strcmp(mine, "auto") == 0)
         mine = peer_forced;
-    if (strcmp(mine, "auto") != 0) {
+    link->forced = strcmp(mine, "auto") != 0;
+    if (link->forced) {
         const llmdd_transport_ops *ops = llmdd__transport_find(mine);
         if (ops == NULL || !ops->reaches(link)) {
             log_error("transport %s cannot reach cluster %llu", mine,

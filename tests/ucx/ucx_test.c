@@ -155,6 +155,24 @@ test_forced_ucx_links_on_one_host(void **state)
     th_proc_stop(&p);
 }
 
+/* A listener that forces ucx gets ucx from a linking side left on auto,
+ * on one host too: the forced side wins, as for every transport. */
+static void
+test_listener_forcing_ucx_wins_over_auto(void **state)
+{
+    th_proc p;
+    llmdd *dd = self_new("auto", "4000");
+
+    (void)state;
+    peer_start(&p, "ucx");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    assert_string_equal(link_transport(dd, PEER), "ucx");
+    pull_small_ok(dd, &p);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
 /*
  * The listening side pulls from and pushes to the side that linked (its
  * requests travel the REV connection), then the linking side removes a
@@ -404,6 +422,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_auto_keeps_one_host_off_ucx),
         cmocka_unit_test(test_forced_ucx_links_on_one_host),
+        cmocka_unit_test(test_listener_forcing_ucx_wins_over_auto),
         cmocka_unit_test(test_listener_pulls_and_pushes),
         cmocka_unit_test(test_peer_killed_mid_pull),
         cmocka_unit_test(test_timeout_leaves_buffers_alone),

@@ -1790,8 +1790,9 @@ ucx_reaches(const llmdd__link *link)
     /* The server only checks that it can serve what the client chose. */
     if (!link->client)
         return true;
-    /* Client side: transport_pick calls us with dd->lock held. */
-    if (strcmp(link->dd->opts.transport, "ucx") == 0)
+    /* Client side: named by either side, ucx reaches any peer; under auto
+     * it is for other hosts with RDMA. */
+    if (link->forced)
         return true;
     return ucx_probed.rdma && memcmp(link->peer.boot_id, llmdd__boot_id(),
                                      LLMDD_BOOT_ID_LEN) != 0;
