@@ -395,12 +395,18 @@ test_stale_socket_swept(void **state)
     th_proc_stop(&p);
 }
 
-/* A peer in another pid namespace is not "same host" for shm. */
+/*
+ * A peer in another pid namespace is not "same host" for shm: a forced shm
+ * fails to link, tcp links, and auto links too. The peer is pid 1 there, a
+ * pid that exists here as well, so our side may think shm reaches it while
+ * the peer cannot see our pid: auto must still link and move the bytes.
+ */
 static void
 test_other_pid_namespace(void **state)
 {
     const char *wrap[] = {"unshare", "--pid", "--fork", "--kill-child",
                           NULL};
+    llmdd_cache c;
     th_proc p;
 
     (void)state;
@@ -413,6 +419,19 @@ test_other_pid_namespace(void **state)
     dd = self_new("tcp");
     assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
                      LLM_SUCCESS);
+    llmdd_destroy(dd);
+    dd = self_new("auto");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
+                     LLM_SUCCESS);
+    local_kv(dd, &c);
+    llmdd__shm_stats a, b;
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(pull_all(dd, p.ids.kv, &c), LLM_SUCCESS);
+    check_cache(&c, 1);
+    llmdd__shm_stats_get(&b);
+    /* The socket's SO_PEERCRED check fails: the data plane carries it. */
+    assert_int_equal(b.stream_xfers - a.stream_xfers, 1);
+    assert_int_equal(b.memfd_xfers, a.memfd_xfers);
     llmdd_destroy(dd);
     th_proc_stop(&p);
 }
