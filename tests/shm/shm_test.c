@@ -314,34 +314,47 @@ test_unlink_then_dealloc(void **state)
     llmdd_destroy(owner);
 }
 
+/* Links on auto to a peer that cannot use our socket, and checks that a
+ * pull is byte-exact and went over the data plane, not a memfd. */
+static void
+auto_pull_on_data_plane(const th_proc *p, int timeout_ms)
+{
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    llmdd *dd = self_new("auto");
+
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p->port, timeout_ms),
+                     LLM_SUCCESS);
+    local_kv(dd, &c);
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(pull_all(dd, p->ids.kv, &c), LLM_SUCCESS);
+    check_cache(&c, 1);
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.stream_xfers - a.stream_xfers, 1);
+    assert_int_equal(b.memfd_xfers, a.memfd_xfers);
+    llmdd_destroy(dd);
+}
+
 /* The peer shares the kernel but has its own /tmp: auto falls back to the
  * tcp data plane, a forced shm fails to link. */
 static void
 test_no_socket(void **state)
 {
     const char *wrap[] = {
-        "unshare", "--mount", "sh", "-c",
-        "mount -t tmpfs llmdd-test /tmp && exec \"$0\" \"$@\"", NULL};
-    llmdd__shm_stats a, b;
-    llmdd_cache c;
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        "mount -t tmpfs llmdd-test /tmp && exec \"$0\" \"$@\"",
+        NULL};
     th_proc p;
 
     (void)state;
     if (th_proc_start(&p, wrap, plain_args) != 0)
         skip(); /* no mount namespaces here (not root?) */
-    llmdd *dd = self_new("auto");
-    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
-                     LLM_SUCCESS);
-    local_kv(dd, &c);
-    llmdd__shm_stats_get(&a);
-    assert_int_equal(pull_all(dd, p.ids.kv, &c), LLM_SUCCESS);
-    check_cache(&c, 1);
-    llmdd__shm_stats_get(&b);
-    assert_int_equal(b.stream_xfers - a.stream_xfers, 1);
-    assert_int_equal(b.memfd_xfers, a.memfd_xfers);
-    llmdd_destroy(dd);
+    auto_pull_on_data_plane(&p, 5000);
 
-    dd = self_new("shm");
+    llmdd *dd = self_new("shm");
     assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
                      LLM_LINK_FAILED);
     llmdd_destroy(dd);
@@ -404,9 +417,7 @@ test_stale_socket_swept(void **state)
 static void
 test_other_pid_namespace(void **state)
 {
-    const char *wrap[] = {"unshare", "--pid", "--fork", "--kill-child",
-                          NULL};
-    llmdd_cache c;
+    const char *wrap[] = {"unshare", "--pid", "--fork", "--kill-child", NULL};
     th_proc p;
 
     (void)state;
@@ -420,19 +431,8 @@ test_other_pid_namespace(void **state)
     assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
                      LLM_SUCCESS);
     llmdd_destroy(dd);
-    dd = self_new("auto");
-    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 3000),
-                     LLM_SUCCESS);
-    local_kv(dd, &c);
-    llmdd__shm_stats a, b;
-    llmdd__shm_stats_get(&a);
-    assert_int_equal(pull_all(dd, p.ids.kv, &c), LLM_SUCCESS);
-    check_cache(&c, 1);
-    llmdd__shm_stats_get(&b);
     /* The socket's SO_PEERCRED check fails: the data plane carries it. */
-    assert_int_equal(b.stream_xfers - a.stream_xfers, 1);
-    assert_int_equal(b.memfd_xfers, a.memfd_xfers);
-    llmdd_destroy(dd);
+    auto_pull_on_data_plane(&p, 3000);
     th_proc_stop(&p);
 }
 

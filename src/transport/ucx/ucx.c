@@ -1090,6 +1090,20 @@ ucx_slot_purge(ucx_link *ul, int s)
 }
 
 /*
+ * Ends whatever slot s's owner left in flight (xs), so that nothing of it
+ * touches our memory afterwards: a forced close where the endpoint has peer
+ * error handling, else the slot's worker goes. Lock held.
+ */
+static void
+ucx_slot_abort(ucx_link *ul, int s, ucx_xstate *xs)
+{
+    if (ul->eps[s].peer_mode)
+        ucx_ep_close(ul, s, xs, false);
+    else
+        ucx_slot_purge(ul, s);
+}
+
+/*
  * Waits until the peer has answered a PING on slot s's new endpoint. UCX
  * 1.13 aborts a process that purges a wireup reply still queued for a
  * peer that died (ucp_request.c "got REP message"). The PONG comes behind
@@ -1126,10 +1140,7 @@ ucx_ep_wire(ucx_link *ul, int s, int64_t deadline)
     if (xs.outstanding == 0 && e->ponged)
         return LLM_SUCCESS;
     bool late = !ul->down && !e->failed && xs.status == UCS_OK;
-    if (e->peer_mode)
-        ucx_ep_close(ul, s, &xs, false); /* completes the PING */
-    else
-        ucx_slot_purge(ul, s);
+    ucx_slot_abort(ul, s, &xs); /* completes or drops the PING */
     return late ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
 }
 
@@ -2421,10 +2432,7 @@ ucx_xabort(ucx_xctx *c)
     ucx_am_forget(e, &c->xs);
     if (c->xs.outstanding == 0 && !e->failed && c->xs.status == UCS_OK)
         return; /* nothing in flight: the endpoint stays usable */
-    if (e->peer_mode)
-        ucx_ep_close(ul, c->s, &c->xs, false);
-    else
-        ucx_slot_purge(ul, c->s);
+    ucx_slot_abort(ul, c->s, &c->xs);
     c->xs.outstanding = 0;
 }
 
