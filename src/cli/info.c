@@ -45,6 +45,9 @@ static const struct {
     {"llm.AuthToken", "a secret, 1..1024 bytes", "none",
      "peers with a different token cannot link (HMAC challenge; the token "
      "never crosses the wire)"},
+    {"llm.MaxLinks", "auto or 1..65535", "auto",
+     "links a listening instance serves at once; more are refused with "
+     "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
 };
 
 static const struct {

@@ -1,7 +1,9 @@
 /* Instance lifecycle: create, initialize, set_role, finalize, destroy. */
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -29,6 +31,109 @@ llmdd__instance_find(uint64_t nonce)
         if (dd->nonce == nonce)
             return dd;
     return NULL;
+}
+
+/*
+ * The registry of handshake sockets. An entry is a connected socket's two
+ * addresses: TCP allows one connection per address pair on a host, so an
+ * entry whose addresses mirror a socket's is the other end of that very
+ * connection, and the process that registered it holds that end.
+ */
+typedef struct own_conn {
+    int fd;
+    uint64_t nonce;
+    struct sockaddr_storage local, peer;
+    struct own_conn *next;
+} own_conn;
+
+static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
+static own_conn *own_conns;
+
+static int
+sock_addrs(int fd, struct sockaddr_storage *local,
+           struct sockaddr_storage *peer)
+{
+    socklen_t ll = sizeof(*local), pl = sizeof(*peer);
+
+    memset(local, 0, sizeof(*local));
+    memset(peer, 0, sizeof(*peer));
+    if (getsockname(fd, (struct sockaddr *)local, &ll) != 0 ||
+        getpeername(fd, (struct sockaddr *)peer, &pl) != 0)
+        return -1;
+    return 0;
+}
+
+static bool
+addr_eq(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port &&
+               x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (a->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+        return x->sin6_port == y->sin6_port &&
+               memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) ==
+                   0 &&
+               x->sin6_scope_id == y->sin6_scope_id;
+    }
+    return false;
+}
+
+int
+llmdd__own_conn_add(int fd, uint64_t nonce)
+{
+    own_conn *e = calloc(1, sizeof(*e));
+
+    if (e == NULL)
+        return -1;
+    if (sock_addrs(fd, &e->local, &e->peer) != 0) {
+        free(e);
+        return -1;
+    }
+    e->fd = fd;
+    e->nonce = nonce;
+    pthread_mutex_lock(&own_lock);
+    e->next = own_conns;
+    own_conns = e;
+    pthread_mutex_unlock(&own_lock);
+    return 0;
+}
+
+void
+llmdd__own_conn_del(int fd)
+{
+    own_conn *gone = NULL;
+
+    pthread_mutex_lock(&own_lock);
+    for (own_conn **p = &own_conns; *p != NULL; p = &(*p)->next) {
+        if ((*p)->fd == fd) {
+            gone = *p;
+            *p = gone->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&own_lock);
+    free(gone);
+}
+
+bool
+llmdd__own_conn_peer(int fd, uint64_t nonce)
+{
+    struct sockaddr_storage local, peer;
+    bool found = false;
+
+    if (sock_addrs(fd, &local, &peer) != 0)
+        return false;
+    pthread_mutex_lock(&own_lock);
+    for (own_conn *e = own_conns; e != NULL && !found; e = e->next)
+        found = e->fd != fd && e->nonce == nonce && addr_eq(&e->local, &peer) &&
+                addr_eq(&e->peer, &local);
+    pthread_mutex_unlock(&own_lock);
+    return found;
 }
 
 static void

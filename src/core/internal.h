@@ -19,14 +19,17 @@
 #define LLMDD_MAX_LINK_CLUSTERS 16
 #define LLMDD_BOOT_ID_LEN 16
 #define LLMDD_TOKEN_LEN 16
+/* The largest control message a link carries (ctrl.c). */
+#define LLMDD_CTRL_MSG_MAX 256
+#define LLMDD_CTRL_FRAME_MAX (12 + LLMDD_CTRL_MSG_MAX)
 
 /* Backing memory of an allocated cache: a range of a memfd mapping. */
 typedef struct {
-    int fd;            /* the memfd (the pool's when pooled) */
-    uint64_t fd_off;   /* where the cache starts in the memfd */
-    uint64_t len;      /* bytes reserved in the memfd */
-    uint64_t pitch;    /* distance between consecutive tensors */
-    uint8_t *base;     /* our mapping of [fd_off, fd_off + len) */
+    int fd;          /* the memfd (the pool's when pooled) */
+    uint64_t fd_off; /* where the cache starts in the memfd */
+    uint64_t len;    /* bytes reserved in the memfd */
+    uint64_t pitch;  /* distance between consecutive tensors */
+    uint8_t *base;   /* our mapping of [fd_off, fd_off + len) */
     bool pooled;
 } llmdd__mem;
 
@@ -50,7 +53,10 @@ typedef struct llmdd__peer {
     uint32_t role;
     uint32_t pid;
     uint8_t boot_id[LLMDD_BOOT_ID_LEN];
-    uint64_t nonce; /* the peer instance's random id */
+    uint64_t nonce; /* the peer instance's random id, as it claims */
+    /* Verified, not claimed: the other end of the control connection is
+     * held by an instance of this very process (llmdd__own_conn_peer). */
+    bool local;
     llmdd__sockaddr addr; /* where its listener is, when we are the client */
 } llmdd__peer;
 
@@ -62,14 +68,20 @@ typedef struct llmdd__link {
     int ctrl_fd;
     pthread_mutex_t wlock; /* serializes writes to ctrl_fd */
     const llmdd_transport_ops *ops;
-    bool forced; /* ops was named by one side, not picked by auto */
-    void *tp;    /* transport state */
+    bool forced;         /* ops was named by one side, not picked by auto */
+    void *tp;            /* transport state */
     int64_t deadline_ms; /* of the link call, for the transport's setup */
+
+    /* Bytes of a control frame read so far; only the control thread (or,
+     * once that no longer polls the link, unlink) touches them. */
+    uint8_t ctrl_rx[LLMDD_CTRL_FRAME_MAX];
+    size_t ctrl_rx_len;
 
     /* Guarded by dd->lock. */
     int refs;
     bool dead;
     bool unlink_acked;
+    bool reopening; /* a reopen job runs: the peer cannot spawn more */
     struct llmdd__link *next;
 
     /* The peer's caches we have seen; guarded by rc_lock. */
@@ -79,6 +91,12 @@ typedef struct llmdd__link {
 } llmdd__link;
 
 typedef struct llmdd__ctrl llmdd__ctrl;
+
+/* Outgoing link attempts in progress (ctrl.c); nodes live on the stack. */
+typedef struct llmdd__linking {
+    uint64_t cluster_id;
+    struct llmdd__linking *next;
+} llmdd__linking;
 
 struct llmdd {
     uint64_t cluster_id;
@@ -96,9 +114,10 @@ struct llmdd {
     llmdd__pool *host_pool;
 
     llmdd__link *links;
-    llmdd__ctrl *ctrl; /* listener and control thread; NULL when down */
-    int stop_fd;       /* eventfd, readable once finalize has begun */
-    int nthreads;      /* helper threads alive */
+    llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
+    llmdd__ctrl *ctrl;       /* listener and control thread; NULL when down */
+    int stop_fd;             /* eventfd, readable once finalize has begun */
+    int nthreads;            /* helper threads alive */
 
     struct llmdd *next_instance; /* in the process-wide list */
 };
@@ -156,6 +175,20 @@ void llmdd__instances_lock(void);
 void llmdd__instances_unlock(void);
 llmdd *llmdd__instance_find(uint64_t nonce); /* list lock held */
 
+/*
+ * Connections whose both ends may be in this process. A handshake registers
+ * its socket for its duration; the other side then learns from the kernel's
+ * own addresses, not from anything the peer says, whether an instance of
+ * this process holds the other end. Thread-safe.
+ */
+int llmdd__own_conn_add(int fd, uint64_t nonce); /* 0, or -1 */
+void llmdd__own_conn_del(int fd);
+/*
+ * Whether the other end of connected socket fd is a registered socket of
+ * this process whose instance has `nonce`.
+ */
+bool llmdd__own_conn_peer(int fd, uint64_t nonce);
+
 /* Links (ctrl/link.c). */
 llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
 void llmdd__link_put(llmdd__link *link);
@@ -172,8 +205,7 @@ void llmdd__link_ask_reopen(llmdd__link *link);
  * reference. LLM_KV_CACHE_NOT_EXIST when the peer has no such cache.
  */
 llmdd_status llmdd__link_remote(llmdd__link *link, int64_t id,
-                                int64_t deadline_ms,
-                                llmdd__remote_cache **out);
+                                int64_t deadline_ms, llmdd__remote_cache **out);
 void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 /* Forgets a remote cache the peer no longer has. */
 void llmdd__link_forget(llmdd__link *link, int64_t id);

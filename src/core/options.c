@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "core/log.h"
 #include "transport/transport.h"
@@ -22,6 +23,34 @@ llmdd__options_init(llmdd__options *o)
     memset(o, 0, sizeof(*o));
     o->wait_ms = LLMDD_DEFAULT_WAIT_MS;
     strcpy(o->transport, "auto");
+    o->max_links = llmdd__max_links_auto();
+}
+
+uint32_t
+llmdd__max_links_auto(void)
+{
+    struct rlimit rl;
+    uint64_t n = 1024;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        n = rl.rlim_cur > 64 ? (rl.rlim_cur - 64) / 8 : 0;
+    return n < 16 ? 16 : n > 1024 ? 1024 : (uint32_t)n;
+}
+
+static llmdd_status
+parse_max_links(const char *s, uint32_t *out)
+{
+    uint32_t v;
+
+    if (s != NULL && strcmp(s, "auto") == 0) {
+        *out = llmdd__max_links_auto();
+        return LLM_SUCCESS;
+    }
+    if (llmdd__parse_u32(s, &v) != LLM_SUCCESS || v == 0 ||
+        v > LLMDD_MAX_LINKS_MAX)
+        return LLM_PARAM_INVALID;
+    *out = v;
+    return LLM_SUCCESS;
 }
 
 void
@@ -242,6 +271,8 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
             t.device_pool = true;
         } else if (strcmp(k, LLMDD_OPT_TRANSPORT) == 0) {
             st = parse_transport(v, t.transport);
+        } else if (strcmp(k, LLMDD_OPT_MAX_LINKS) == 0) {
+            st = parse_max_links(v, &t.max_links);
         } else if (strcmp(k, LLMDD_OPT_AUTH_TOKEN) == 0) {
             size_t len = strlen(v);
             if (len == 0 || len > LLMDD_AUTH_TOKEN_MAX)

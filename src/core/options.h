@@ -16,11 +16,13 @@
 #define LLMDD_OPT_DEVICE_POOL "llm.MemPoolConfig"
 #define LLMDD_OPT_TRANSPORT "llm.Transport"
 #define LLMDD_OPT_AUTH_TOKEN "llm.AuthToken"
+#define LLMDD_OPT_MAX_LINKS "llm.MaxLinks"
 
 #define LLMDD_DEFAULT_WAIT_MS 1000u
 #define LLMDD_MAX_WAIT_MS 86400000u /* one day */
 #define LLMDD_AUTH_TOKEN_MAX 1024
 #define LLMDD_TRANSPORT_NAME_MAX 16
+#define LLMDD_MAX_LINKS_MAX 65535u
 
 typedef struct {
     struct sockaddr_storage addr;
@@ -43,7 +45,15 @@ typedef struct {
     llmdd__pool_config device_pool_config;
     char transport[LLMDD_TRANSPORT_NAME_MAX]; /* "auto" or a transport name */
     char *auth_token;                         /* NULL: none; owned */
+    uint32_t max_links; /* links a server accepts; see llmdd__max_links_auto */
 } llmdd__options;
+
+/*
+ * llm.MaxLinks=auto: what the fd limit allows, counting 8 descriptors a link
+ * (control, data connections, shm socket) and keeping 64 for the
+ * application; 16..1024.
+ */
+uint32_t llmdd__max_links_auto(void);
 
 void llmdd__options_init(llmdd__options *o);
 void llmdd__options_fini(llmdd__options *o);

@@ -29,7 +29,12 @@
 
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128
-#define CTRL_MSG_MAX 256
+#define CTRL_MSG_MAX LLMDD_CTRL_MSG_MAX
+#define ACCEPT_BACKOFF_MIN_MS 10
+#define ACCEPT_BACKOFF_MAX_MS 1000
+
+_Static_assert(LLMDD_CTRL_FRAME_MAX == LLMDD_WIRE_HDR_LEN + CTRL_MSG_MAX,
+               "a link's control buffer holds one whole frame");
 
 struct llmdd__ctrl {
     pthread_t thread;
@@ -42,6 +47,10 @@ struct llmdd__ctrl {
     /* Handshakes still waiting for their HELLO: fd (-1: free) and since. */
     int waiting[HANDSHAKE_MAX];
     int64_t waiting_since[HANDSHAKE_MAX];
+    /* The control thread's own: while accept cannot get a descriptor the
+     * listener is not polled until accept_resume (CLOCK_MONOTONIC ms). */
+    int64_t accept_resume;
+    int accept_backoff_ms;
 };
 
 /* ---- Authentication: HMAC-SHA256 over both nonces and both ids. ---- */
@@ -194,26 +203,72 @@ llmdd__link_drop(llmdd__link *link, const char *why)
     llmdd__link_put(link); /* the table's reference */
 }
 
+/* dd->lock held. Links we serve (the peer linked to us). */
+static size_t
+links_served(const llmdd *dd)
+{
+    size_t n = 0;
+
+    for (const llmdd__link *l = dd->links; l != NULL; l = l->next)
+        n += !l->client;
+    return n;
+}
+
+/* dd->lock held. Whether a link call of ours to `cluster` is in flight. */
+static bool
+linking_to(const llmdd *dd, uint64_t cluster)
+{
+    for (const llmdd__linking *l = dd->linking; l != NULL; l = l->next)
+        if (l->cluster_id == cluster)
+            return true;
+    return false;
+}
+
+/*
+ * dd->lock held. Whether the server side may take a link from `cluster`:
+ * LLM_ALREADY_LINK when one exists; LLM_PROCESSING_LINK when we are linking
+ * to it at the same time and our call wins (the lower cluster id's outgoing
+ * link is the one both sides keep); LLM_CLUSTER_NUM_EXCEED_LIMIT when we
+ * serve llm.MaxLinks links already.
+ */
+static llmdd_status
+link_admit(const llmdd *dd, uint64_t cluster)
+{
+    for (const llmdd__link *l = dd->links; l != NULL; l = l->next)
+        if (l->peer.cluster_id == cluster)
+            return LLM_ALREADY_LINK;
+    if (dd->cluster_id < cluster && linking_to(dd, cluster))
+        return LLM_PROCESSING_LINK;
+    if (links_served(dd) >= dd->opts.max_links)
+        return LLM_CLUSTER_NUM_EXCEED_LIMIT;
+    return LLM_SUCCESS;
+}
+
 /* Makes a set-up link visible; fails if the cluster is linked already. */
 static llmdd_status
 link_publish(llmdd *dd, llmdd__link *link)
 {
+    llmdd_status st = LLM_SUCCESS;
+
     pthread_mutex_lock(&dd->lock);
     if (!dd->initialized) {
-        pthread_mutex_unlock(&dd->lock);
-        return LLM_FAILED;
+        st = LLM_FAILED;
+    } else if (!link->client) {
+        st = link_admit(dd, link->peer.cluster_id);
+    } else {
+        for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+            if (l->peer.cluster_id == link->peer.cluster_id)
+                st = LLM_ALREADY_LINK;
     }
-    for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
-        if (l->peer.cluster_id == link->peer.cluster_id) {
-            pthread_mutex_unlock(&dd->lock);
-            return LLM_ALREADY_LINK;
-        }
+    if (st == LLM_SUCCESS) {
+        link->next = dd->links;
+        dd->links = link;
+        pthread_cond_broadcast(&dd->cond); /* a crossed link call waits */
     }
-    link->next = dd->links;
-    dd->links = link;
     pthread_mutex_unlock(&dd->lock);
-    llmdd__ctrl_wake(dd);
-    return LLM_SUCCESS;
+    if (st == LLM_SUCCESS)
+        llmdd__ctrl_wake(dd);
+    return st;
 }
 
 void
@@ -406,8 +461,25 @@ ctrl_accept(llmdd *dd, int lfd)
 
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                errno == ENOMEM) {
+                /* The connection stays queued and the listener readable:
+                 * retrying at once would spin a core until an fd frees. */
+                c->accept_backoff_ms =
+                    c->accept_backoff_ms == 0
+                        ? ACCEPT_BACKOFF_MIN_MS
+                        : (c->accept_backoff_ms * 2 > ACCEPT_BACKOFF_MAX_MS
+                               ? ACCEPT_BACKOFF_MAX_MS
+                               : c->accept_backoff_ms * 2);
+                c->accept_resume = llmdd__now_ms() + c->accept_backoff_ms;
+                if (c->accept_backoff_ms == ACCEPT_BACKOFF_MIN_MS)
+                    log_warn("accept: %s; retrying in up to %d ms",
+                             strerror(errno), ACCEPT_BACKOFF_MAX_MS);
+            }
             return;
+        }
+        c->accept_backoff_ms = 0;
         pthread_mutex_lock(&dd->lock);
         /* Evicted threads take a moment to exit: bound them too. */
         bool full = c->handshakes >= 2 * HANDSHAKE_MAX ||
@@ -451,6 +523,9 @@ reopen_main(void *arg)
     llmdd__link *link = arg;
 
     link->ops->reopen(link);
+    pthread_mutex_lock(&link->dd->lock);
+    link->reopening = false;
+    pthread_mutex_unlock(&link->dd->lock);
     llmdd__link_put(link);
     return NULL;
 }
@@ -464,47 +539,105 @@ llmdd__link_ask_reopen(llmdd__link *link)
     pthread_mutex_unlock(&link->wlock);
 }
 
-/* Reads one message from a link's control socket. */
+/*
+ * The next whole control frame of a link, read incrementally so that a peer
+ * which sends part of a frame and stops blocks nobody: 1 and the frame, 0
+ * when more bytes must arrive first, -1 on EOF, error or a bad frame.
+ */
+static int
+ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf, size_t *len)
+{
+    llmdd__frame f;
+
+    for (;;) {
+        size_t have = link->ctrl_rx_len;
+        if (have >= LLMDD_WIRE_HDR_LEN) {
+            if (llmdd__wire_frame_decode(link->ctrl_rx, &f) != 0 ||
+                f.len > CTRL_MSG_MAX)
+                return -1;
+            size_t whole = LLMDD_WIRE_HDR_LEN + f.len;
+            if (have >= whole) {
+                memcpy(buf, link->ctrl_rx + LLMDD_WIRE_HDR_LEN, f.len);
+                memmove(link->ctrl_rx, link->ctrl_rx + whole, have - whole);
+                link->ctrl_rx_len = have - whole;
+                *type = f.type;
+                *len = f.len;
+                return 1;
+            }
+        }
+        ssize_t n = recv(link->ctrl_fd, link->ctrl_rx + have,
+                         sizeof(link->ctrl_rx) - have, MSG_DONTWAIT);
+        if (n > 0) {
+            link->ctrl_rx_len += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -1;
+    }
+}
+
+/* Handles one control message of a link; false when the link was dropped. */
+static bool
+ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type)
+{
+    switch (type) {
+    case WMSG_UNLINK:
+        /* Never wait on the peer here: the ACK is a few bytes into an idle
+         * socket, and a peer that stops reading loses only its own ACK. */
+        pthread_mutex_lock(&link->wlock);
+        llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK_ACK, NULL, 0,
+                        llmdd__now_ms());
+        pthread_mutex_unlock(&link->wlock);
+        llmdd__link_drop(link, "peer unlinked");
+        return false;
+    case WMSG_REOPEN:
+        if (link->client && link->ops->reopen != NULL) {
+            /* One reopen at a time: a peer repeating REOPEN cannot make us
+             * spawn threads and connections without bound. */
+            pthread_mutex_lock(&dd->lock);
+            bool start = !link->reopening && !link->dead;
+            if (start) {
+                link->reopening = true;
+                link->refs++;
+            }
+            pthread_mutex_unlock(&dd->lock);
+            if (start && llmdd__spawn(dd, reopen_main, link) != 0) {
+                pthread_mutex_lock(&dd->lock);
+                link->reopening = false;
+                pthread_mutex_unlock(&dd->lock);
+                llmdd__link_put(link);
+            }
+        }
+        return true;
+    case WMSG_UNLINK_ACK:
+        pthread_mutex_lock(&dd->lock);
+        link->unlink_acked = true;
+        pthread_cond_broadcast(&dd->cond);
+        pthread_mutex_unlock(&dd->lock);
+        return true;
+    default:
+        llmdd__link_drop(link, "unexpected control message");
+        return false;
+    }
+}
+
+/* Handles every whole message that has arrived on a link's control socket. */
 static void
 ctrl_link_readable(llmdd *dd, llmdd__link *link)
 {
     uint8_t buf[CTRL_MSG_MAX];
     uint16_t type;
     size_t len;
-    bool to;
+    int rc;
 
-    if (llmdd__recv_msg(dd, link->ctrl_fd, &type, buf, sizeof(buf), &len,
-                        llmdd__now_ms() + HANDSHAKE_MS, &to) != 0) {
+    while ((rc = ctrl_rx_next(link, &type, buf, &len)) == 1)
+        if (!ctrl_link_msg(dd, link, type))
+            return;
+    if (rc < 0)
         llmdd__link_drop(link, "peer closed the control connection");
-        return;
-    }
-    switch (type) {
-    case WMSG_UNLINK:
-        pthread_mutex_lock(&link->wlock);
-        llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK_ACK, NULL, 0,
-                        llmdd__now_ms() + HANDSHAKE_MS);
-        pthread_mutex_unlock(&link->wlock);
-        llmdd__link_drop(link, "peer unlinked");
-        break;
-    case WMSG_REOPEN:
-        if (link->client && link->ops->reopen != NULL) {
-            pthread_mutex_lock(&dd->lock);
-            link->refs++;
-            pthread_mutex_unlock(&dd->lock);
-            if (llmdd__spawn(dd, reopen_main, link) != 0)
-                llmdd__link_put(link);
-        }
-        break;
-    case WMSG_UNLINK_ACK:
-        pthread_mutex_lock(&dd->lock);
-        link->unlink_acked = true;
-        pthread_cond_broadcast(&dd->cond);
-        pthread_mutex_unlock(&dd->lock);
-        break;
-    default:
-        llmdd__link_drop(link, "unexpected control message");
-        break;
-    }
 }
 
 static void *
@@ -546,8 +679,14 @@ ctrl_main(void *arg)
             cap = ncap;
         }
         lfd = c->listen_fd;
+        int timeout = -1;
+        int64_t pause = c->accept_resume - llmdd__now_ms();
+        if (lfd >= 0 && pause > 0)
+            timeout = (int)pause;
         pfd[n++] = (struct pollfd){.fd = c->wake_fd, .events = POLLIN};
-        pfd[n++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        /* A negative fd is skipped by poll. */
+        pfd[n++] =
+            (struct pollfd){.fd = timeout < 0 ? lfd : -1, .events = POLLIN};
         nlinks = 0;
         for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
             l->refs++;
@@ -556,7 +695,7 @@ ctrl_main(void *arg)
         }
         pthread_mutex_unlock(&dd->lock);
 
-        if (poll(pfd, n, -1) > 0) {
+        if (poll(pfd, n, timeout) > 0) {
             if (pfd[0].revents & POLLIN) {
                 uint64_t v;
                 (void)!read(c->wake_fd, &v, sizeof(v));
@@ -750,6 +889,12 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     rep.nonce = dd->nonce;
     rep.auth = token != NULL;
     rep.status = LLM_SUCCESS;
+    /* Our end of the connection, so a client in this process can prove it
+     * is one (loop); removed when the handshake ends. */
+    bool registered = llmdd__own_conn_add(fd, dd->nonce) == 0;
+    pthread_mutex_lock(&dd->lock);
+    bool full = links_served(dd) >= dd->opts.max_links;
+    pthread_mutex_unlock(&dd->lock);
     if (llmdd__random(rep.snonce, sizeof(rep.snonce)) != 0) {
         log_error("handshake: no random bytes: %s", strerror(errno));
         rep.status = LLM_FAILED;
@@ -759,9 +904,14 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         rep.status = LLM_LINK_FAILED;
     } else if (h->auth != rep.auth) {
         log_error("handshake: cluster %llu %s an auth token and we %s",
-                  (unsigned long long)h->cluster_id,
-                  h->auth ? "has" : "has no", rep.auth ? "do" : "do not");
+                  (unsigned long long)h->cluster_id, h->auth ? "has" : "has no",
+                  rep.auth ? "do" : "do not");
         rep.status = LLM_LINK_FAILED;
+    } else if (full) {
+        log_error("handshake: cluster %llu refused: %u links served "
+                  "(llm.MaxLinks)",
+                  (unsigned long long)h->cluster_id, dd->opts.max_links);
+        rep.status = LLM_CLUSTER_NUM_EXCEED_LIMIT;
     } else if (token != NULL) {
         auth_mac(token, "llmdd-server", h->cnonce, rep.snonce, h->cluster_id,
                  dd->cluster_id, rep.mac);
@@ -771,15 +921,19 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         rep.status != LLM_SUCCESS)
         goto out;
 
-    if (llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
+    if (llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
+            0 ||
         type != WMSG_CONFIRM ||
         llmdd__wire_confirm_decode(buf, len, &conf) != 0)
         goto out;
+    /* The client checked our end before its CONFIRM; check its end. */
+    bool local = llmdd__own_conn_peer(fd, h->nonce);
+    if (registered)
+        llmdd__own_conn_del(fd);
+    registered = false;
     res.status = LLM_LINK_FAILED;
-    if (token != NULL && !auth_ok(token, "llmdd-client", h->cnonce,
-                                  rep.snonce, h->cluster_id, dd->cluster_id,
-                                  conf.mac)) {
+    if (token != NULL && !auth_ok(token, "llmdd-client", h->cnonce, rep.snonce,
+                                  h->cluster_id, dd->cluster_id, conf.mac)) {
         log_error("handshake: cluster %llu failed authentication",
                   (unsigned long long)h->cluster_id);
         goto reply;
@@ -787,7 +941,8 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     llmdd__peer peer = {.cluster_id = h->cluster_id,
                         .role = h->role,
                         .pid = h->pid,
-                        .nonce = h->nonce};
+                        .nonce = h->nonce,
+                        .local = local};
     memcpy(peer.boot_id, h->boot_id, sizeof(peer.boot_id));
     link = link_new(dd, &peer, false, -1);
     if (link == NULL)
@@ -807,6 +962,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     res.status = link_publish(dd, link);
     if (res.status != LLM_SUCCESS) {
         link->ctrl_fd = -1;
+        link->ops->link_shutdown(link); /* its threads let go of it */
         goto reply;
     }
     memcpy(res.token, link->token, sizeof(res.token));
@@ -822,8 +978,9 @@ reply:
     len = llmdd__wire_result_encode(&res, buf, sizeof(buf));
     llmdd__send_msg(dd, fd, WMSG_RESULT, buf, len, deadline);
 out:
-    if (link != NULL)
-        link_free(link);
+    llmdd__link_put(link);
+    if (registered)
+        llmdd__own_conn_del(fd);
     close(fd);
     free(token);
 }
@@ -841,8 +998,8 @@ handshake_main(void *arg)
     bool to;
 
     free(arg);
-    int rc = llmdd__recv_msg(dd, a.fd, &type, buf, sizeof(buf), &len,
-                             deadline, &to);
+    int rc =
+        llmdd__recv_msg(dd, a.fd, &type, buf, sizeof(buf), &len, deadline, &to);
     ctrl_hello_done(dd, a.fd);
     if (rc != 0 || type != WMSG_HELLO ||
         llmdd__wire_hello_decode(buf, len, &h) != 0) {
@@ -869,8 +1026,38 @@ handshake_main(void *arg)
 
 /* ---- Linking and unlinking, client side. ---- */
 
+/*
+ * The peer refused our link because it links to us at the same time and its
+ * call wins (link_admit): wait for its link to reach our listener.
+ */
 static llmdd_status
-link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
+link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)
+{
+    bool linked = false;
+
+    pthread_mutex_lock(&dd->lock);
+    while (dd->initialized && llmdd__now_ms() < deadline) {
+        for (llmdd__link *l = dd->links; l != NULL && !linked; l = l->next)
+            linked = l->peer.cluster_id == cluster;
+        if (linked)
+            break;
+        llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
+    }
+    pthread_mutex_unlock(&dd->lock);
+    if (linked) {
+        log_info("linked with cluster %llu (its crossing link call won)",
+                 (unsigned long long)cluster);
+        return LLM_SUCCESS;
+    }
+    log_error("link to cluster %llu: its crossing link call did not arrive "
+              "in time",
+              (unsigned long long)cluster);
+    return LLM_TIMEOUT;
+}
+
+/* The client side of the control handshake, up to a published link. */
+static llmdd_status
+link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
 {
     llmdd__hello h;
     llmdd__hello_reply rep;
@@ -886,13 +1073,11 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     int fd;
 
     llmdd__parse_ip_info(&ci->remote_ip_infos[0], &addr);
-    if ((link = llmdd__link_get(dd, ci->remote_cluster_id)) != NULL) {
-        llmdd__link_put(link);
-        return LLM_ALREADY_LINK;
-    }
     fd = llmdd__connect(dd, &addr, deadline, &st);
     if (fd < 0)
         return st;
+    /* Our end, so a server in this process can prove we are one (loop). */
+    bool registered = llmdd__own_conn_add(fd, dd->nonce) == 0;
 
     memset(&h, 0, sizeof(h));
     h.kind = CONN_CTRL;
@@ -911,8 +1096,8 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     if (llmdd__random(h.cnonce, sizeof(h.cnonce)) != 0 ||
         (len = llmdd__wire_hello_encode(&h, buf, sizeof(buf))) == 0 ||
         llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
+        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
+            0 ||
         type != WMSG_HELLO_REPLY ||
         llmdd__wire_hello_reply_decode(buf, len, &rep) != 0) {
         if (to)
@@ -926,6 +1111,8 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         log_error("link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)ci->remote_cluster_id,
                   llmdd_status_str(rep.status));
+        if (rep.status == LLM_CLUSTER_NUM_EXCEED_LIMIT)
+            st = rep.status;
         goto err_fd;
     }
     if (rep.cluster_id != ci->remote_cluster_id) {
@@ -934,9 +1121,8 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
                   (unsigned long long)ci->remote_cluster_id);
         goto err_fd;
     }
-    if (token != NULL &&
-        !auth_ok(token, "llmdd-server", h.cnonce, rep.snonce, dd->cluster_id,
-                 rep.cluster_id, rep.mac)) {
+    if (token != NULL && !auth_ok(token, "llmdd-server", h.cnonce, rep.snonce,
+                                  dd->cluster_id, rep.cluster_id, rep.mac)) {
         log_error("link to cluster %llu: the peer failed authentication",
                   (unsigned long long)rep.cluster_id);
         goto err_fd;
@@ -945,6 +1131,7 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
                         .role = rep.role,
                         .pid = rep.pid,
                         .nonce = rep.nonce,
+                        .local = llmdd__own_conn_peer(fd, rep.nonce),
                         .addr = addr};
     memcpy(peer.boot_id, rep.boot_id, sizeof(peer.boot_id));
     link = link_new(dd, &peer, true, -1);
@@ -963,21 +1150,35 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
                  rep.cluster_id, conf.mac);
     len = llmdd__wire_confirm_encode(&conf, buf, sizeof(buf));
     if (llmdd__send_msg(dd, fd, WMSG_CONFIRM, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
+        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
+            0 ||
         type != WMSG_RESULT || llmdd__wire_result_decode(buf, len, &res) != 0) {
         st = to ? LLM_TIMEOUT : LLM_LINK_FAILED;
         goto err_link;
+    }
+    if (res.status == LLM_PROCESSING_LINK) {
+        /* The peer links to us at the same time and its call wins: its link
+         * reaches our listener, and the caller gets that one. */
+        link_free(link);
+        if (registered)
+            llmdd__own_conn_del(fd);
+        close(fd);
+        free(token);
+        return link_adopt(dd, rep.cluster_id, deadline);
     }
     if (res.status != LLM_SUCCESS) {
         log_error("link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)rep.cluster_id,
                   llmdd_status_str(res.status));
-        st = res.status == LLM_ALREADY_LINK ? LLM_ALREADY_LINK
-                                            : LLM_LINK_FAILED;
+        st = res.status == LLM_ALREADY_LINK ||
+                     res.status == LLM_CLUSTER_NUM_EXCEED_LIMIT
+                 ? res.status
+                 : LLM_LINK_FAILED;
         goto err_link;
     }
     memcpy(link->token, res.token, sizeof(link->token));
+    if (registered)
+        llmdd__own_conn_del(fd); /* before the link may close fd */
     link->ctrl_fd = fd;
     llmdd__sock_tune(fd, true);
     /* The transport may connect its data channels with our deadline. */
@@ -1002,8 +1203,44 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
 err_link:
     link_free(link);
 err_fd:
+    if (registered)
+        llmdd__own_conn_del(fd);
     close(fd);
     free(token);
+    return st;
+}
+
+/*
+ * Runs one llmdd_link_clusters job: refuses a cluster we are linked to, and
+ * meanwhile records the call, so that a peer linking to us at the same time
+ * finds the crossing (link_admit) and exactly one link results.
+ */
+static llmdd_status
+link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
+{
+    llmdd__linking me = {.cluster_id = ci->remote_cluster_id};
+    llmdd_status st = LLM_SUCCESS;
+
+    pthread_mutex_lock(&dd->lock);
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+        if (l->peer.cluster_id == ci->remote_cluster_id)
+            st = LLM_ALREADY_LINK;
+    if (st == LLM_SUCCESS) {
+        me.next = dd->linking;
+        dd->linking = &me;
+    }
+    pthread_mutex_unlock(&dd->lock);
+    if (st != LLM_SUCCESS)
+        return st;
+    st = link_handshake(dd, ci, deadline);
+    pthread_mutex_lock(&dd->lock);
+    for (llmdd__linking **p = &dd->linking; *p != NULL; p = &(*p)->next) {
+        if (*p == &me) {
+            *p = me.next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dd->lock);
     return st;
 }
 
@@ -1030,7 +1267,8 @@ unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
     uint8_t buf[CTRL_MSG_MAX];
     uint16_t type;
     size_t len;
-    bool to, acked;
+    bool acked;
+    int rc;
 
     pthread_mutex_lock(&dd->lock);
     uint64_t want = ++c->gen;
@@ -1041,10 +1279,16 @@ unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
         pthread_cond_wait(&dd->cond, &dd->lock);
     acked = link->unlink_acked;
     pthread_mutex_unlock(&dd->lock);
-    /* The socket is shut down: this reads only what had arrived. */
-    while (!acked && llmdd__recv_msg(dd, link->ctrl_fd, &type, buf,
-                                     sizeof(buf), &len, deadline, &to) == 0)
-        acked = type == WMSG_UNLINK_ACK;
+    /* The socket is shut down: this reads only what had arrived, after
+     * what the control thread had read of a frame. */
+    while (!acked) {
+        rc = ctrl_rx_next(link, &type, buf, &len);
+        if (rc == 1)
+            acked = type == WMSG_UNLINK_ACK;
+        else if (rc < 0 ||
+                 llmdd__wait_fd(dd, link->ctrl_fd, POLLIN, deadline) != 1)
+            break;
+    }
     return acked;
 }
 
@@ -1059,8 +1303,8 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         return LLM_SUCCESS;
     if (!force) {
         pthread_mutex_lock(&link->wlock);
-        int rc = llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK, NULL, 0,
-                                 deadline);
+        int rc =
+            llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK, NULL, 0, deadline);
         pthread_mutex_unlock(&link->wlock);
         pthread_mutex_lock(&dd->lock);
         while (rc == 0 && !link->unlink_acked && !link->dead &&
@@ -1092,8 +1336,8 @@ link_job_main(void *arg)
 }
 
 static llmdd_status
-check_clusters(const llmdd_cluster_info *clusters, size_t n,
-               llmdd_status *rets, int32_t timeout_ms, bool need_addr)
+check_clusters(const llmdd_cluster_info *clusters, size_t n, llmdd_status *rets,
+               int32_t timeout_ms, bool need_addr)
 {
     if (clusters == NULL || rets == NULL || n == 0 || timeout_ms <= 0)
         return LLM_PARAM_INVALID;
@@ -1129,9 +1373,8 @@ run_jobs(llmdd *dd, const llmdd_cluster_info *clusters, size_t n,
                                     .force = force,
                                     .unlink = unlink};
         /* One cluster needs no thread; several go in parallel. */
-        started[i] = n > 1 &&
-                     pthread_create(&threads[i], NULL, link_job_main,
-                                    &jobs[i]) == 0;
+        started[i] = n > 1 && pthread_create(&threads[i], NULL, link_job_main,
+                                             &jobs[i]) == 0;
         if (!started[i])
             link_job_main(&jobs[i]);
     }
@@ -1156,8 +1399,7 @@ initialized(llmdd *dd)
 
 llmdd_status
 llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
-                    size_t num_clusters, llmdd_status *rets,
-                    int32_t timeout_ms)
+                    size_t num_clusters, llmdd_status *rets, int32_t timeout_ms)
 {
     llmdd_status st;
 
@@ -1168,8 +1410,7 @@ llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
     st = check_clusters(clusters, num_clusters, rets, timeout_ms, true);
     if (st != LLM_SUCCESS)
         return st;
-    return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, false,
-                    false);
+    return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, false, false);
 }
 
 llmdd_status

@@ -1,24 +1,31 @@
 /*
  * The loop transport: both instances live in this process, so a transfer is
- * a memcpy between their registered memory. The peer is found by its random
- * instance nonce in the process-wide instance list and its cache is pinned by
- * a reference for the copy, exactly as a remote server would pin it.
+ * a memcpy between their registered memory. The handshake proves that the
+ * peer is in this process (llmdd__own_conn_peer); it is then found by its
+ * random instance nonce in the process-wide instance list, and its cache is
+ * pinned by a reference for the copy, exactly as a remote server would pin
+ * it.
  */
 #include <string.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 
+/*
+ * Only a peer proven to be in this process: what it says about its pid and
+ * instance is a claim any client can copy from our own HELLO_REPLY, and a
+ * link that believed it would turn our pushes into writes to ourselves.
+ */
 static bool
 loop_reaches(const llmdd__link *link)
 {
     bool found;
 
-    if (link->peer.pid != (uint32_t)getpid() ||
-        memcmp(link->peer.boot_id, llmdd__boot_id(), LLMDD_BOOT_ID_LEN) != 0)
+    if (!link->peer.local)
         return false;
     llmdd__instances_lock();
-    found = llmdd__instance_find(link->peer.nonce) != NULL;
+    llmdd *peer = llmdd__instance_find(link->peer.nonce);
+    found = peer != NULL && peer != link->dd;
     llmdd__instances_unlock();
     return found;
 }
@@ -89,8 +96,8 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
 
     /* The core checked every run against the peer's desc; the pin checks
      * the tensors again and that the cache still exists. */
-    st = loop_pin(link, x->remote->id, x->remote_first, x->count, &zero,
-                  &zero, 0, &peer, &c);
+    st = loop_pin(link, x->remote->id, x->remote_first, x->count, &zero, &zero,
+                  0, &peer, &c);
     if (st == LLM_PARAM_INVALID)
         st = LLM_KV_CACHE_NOT_EXIST;
     if (st != LLM_SUCCESS)
