@@ -2,7 +2,7 @@
  * Fuzz target: the option-value parsers of core/options.c and
  * llmdd__options_apply with arbitrary keys and values. The first byte picks
  * the parser. For options_apply the rest is a list of records
- * "<key selector byte><value>\n": selectors 0..6 name the known keys, any
+ * "<key selector byte><value>\n": selectors 0..7 name the known keys, any
  * other takes "key=value" from the record itself. Checks the contracts: a
  * parser writes its output only on success, a rejected apply leaves the
  * options untouched, and an accepted one leaves them in range.
@@ -18,7 +18,7 @@
 static const char *const keys[] = {
     LLMDD_OPT_LISTEN,    LLMDD_OPT_DEVICE_ID,   LLMDD_OPT_WAIT_TIME,
     LLMDD_OPT_HOST_POOL, LLMDD_OPT_DEVICE_POOL, LLMDD_OPT_TRANSPORT,
-    LLMDD_OPT_AUTH_TOKEN,
+    LLMDD_OPT_AUTH_TOKEN, LLMDD_OPT_MAX_LINKS,
 };
 
 static void
@@ -36,6 +36,7 @@ check_opts(const llmdd__options *o)
 
     FUZZ_CHECK(o->wait_ms >= 1 && o->wait_ms <= LLMDD_MAX_WAIT_MS);
     FUZZ_CHECK(o->device_id <= INT32_MAX);
+    FUZZ_CHECK(o->max_links >= 1 && o->max_links <= LLMDD_MAX_LINKS_MAX);
     FUZZ_CHECK(strcmp(o->transport, "auto") == 0 ||
                llmdd__transport_known(o->transport));
     if (o->auth_token != NULL)

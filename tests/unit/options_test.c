@@ -470,6 +470,27 @@ test_transport_values(void **state)
     }
 }
 
+static void
+test_max_links_values(void **state)
+{
+    static const char *const bad[] = {"0", "65536", "-1", "", "1k", "Auto"};
+    static const char *const good[] = {"1", "65535", "auto", "300"};
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        llmdd_option o = {"llm.MaxLinks", bad[i]};
+        assert_init_fails(&o, 1, LLM_PARAM_INVALID);
+    }
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        llmdd_option o = {"llm.MaxLinks", good[i]};
+        llmdd *dd;
+        assert_int_equal(llmdd_create(2, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+        if (llmdd_initialize(dd, &o, 1) != LLM_SUCCESS)
+            fail_msg("llm.MaxLinks=%s rejected", good[i]);
+        llmdd_destroy(dd);
+    }
+}
+
 int
 main(int argc, char **argv)
 {
@@ -484,6 +505,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_failed_initialize_does_not_listen),
         cmocka_unit_test(test_initialize_valid_options),
         cmocka_unit_test(test_transport_values),
+        cmocka_unit_test(test_max_links_values),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }
