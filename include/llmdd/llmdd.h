@@ -32,6 +32,49 @@ extern "C" {
 
 typedef uint32_t llmdd_status;
 
+/*
+ * The status codes: one list, the reference's names and values. C sees them
+ * as macros (constant expressions for case labels and #if); C++ sees typed
+ * constants, so that code written for LLM-DataDist can name them inside its
+ * own namespaces (llm_datadist::LLM_SUCCESS) without a macro expanding there.
+ */
+#define LLMDD_STATUS_MAP(XX) \
+    XX(LLM_SUCCESS, 0x0u) \
+    XX(LLM_FAILED, 0xFFFFFFFFu) \
+    XX(LLM_WAIT_PROC_TIMEOUT, 0x5010B001u) \
+    XX(LLM_KV_CACHE_NOT_EXIST, 0x5010B002u) \
+    XX(LLM_REPEAT_REQUEST, 0x5010B003u) \
+    XX(LLM_REQUEST_ALREADY_COMPLETED, 0x5010B004u) \
+    XX(LLM_PARAM_INVALID, 0x5010B005u) \
+    XX(LLM_ENGINE_FINALIZED, 0x5010B006u) \
+    XX(LLM_NOT_YET_LINK, 0x5010B007u) \
+    XX(LLM_ALREADY_LINK, 0x5010B008u) \
+    XX(LLM_LINK_FAILED, 0x5010B009u) \
+    XX(LLM_UNLINK_FAILED, 0x5010B00Au) \
+    XX(LLM_NOTIFY_PROMPT_UNLINK_FAILED, 0x5010B00Bu) \
+    XX(LLM_CLUSTER_NUM_EXCEED_LIMIT, 0x5010B00Cu) \
+    XX(LLM_PROCESSING_LINK, 0x5010B00Du) \
+    XX(LLM_DEVICE_OUT_OF_MEMORY, 0x5010B00Eu) \
+    XX(LLM_PREFIX_ALREADY_EXIST, 0x5010B00Fu) \
+    XX(LLM_PREFIX_NOT_EXIST, 0x5010B010u) \
+    XX(LLM_SEQ_LEN_OVER_LIMIT, 0x5010B011u) \
+    XX(LLM_NO_FREE_BLOCK, 0x5010B012u) \
+    XX(LLM_BLOCKS_OUT_OF_MEMORY, 0x5010B013u) \
+    XX(LLM_CACHE_INCOMPATIBLE, 0x5010B014u) \
+    XX(LLM_CACHE_KEY_ALREADY_EXIST, 0x5010B015u) \
+    XX(LLM_COPY_CACHE_FAILED, 0x5010B016u) \
+    XX(LLM_CACHE_ID_ALREADY_EXIST, 0x5010B017u) \
+    XX(LLM_EXIST_LINK, 0x5010B018u) \
+    XX(LLM_FEATURE_NOT_ENABLED, 0x5010B019u) \
+    XX(LLM_TIMEOUT, 0x5010B01Au) \
+    XX(LLM_LINK_BUSY, 0x5010B01Bu) \
+    XX(LLM_OUT_OF_MEMORY, 0x5010B01Cu)
+
+#ifdef __cplusplus
+#define LLMDD__STATUS_CONST(name, value) constexpr llmdd_status name = value;
+LLMDD_STATUS_MAP(LLMDD__STATUS_CONST)
+#undef LLMDD__STATUS_CONST
+#else
 #define LLM_SUCCESS 0x0u
 #define LLM_FAILED 0xFFFFFFFFu
 #define LLM_WAIT_PROC_TIMEOUT 0x5010B001u
@@ -62,6 +105,7 @@ typedef uint32_t llmdd_status;
 #define LLM_TIMEOUT 0x5010B01Au
 #define LLM_LINK_BUSY 0x5010B01Bu
 #define LLM_OUT_OF_MEMORY 0x5010B01Cu
+#endif
 
 typedef enum {
     LLMDD_ROLE_PROMPT = 1,

@@ -308,6 +308,25 @@ cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size, uint64_t stride)
     return c;
 }
 
+/*
+ * Code written for LLM-DataDist asks for device placement everywhere. This
+ * build has no device memory: such a cache is host memory, said once.
+ */
+static void
+device_as_host_log(void)
+{
+    log_warn("device placement: this build has no device support; device "
+             "caches are host memory");
+}
+
+static void
+device_as_host(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+    pthread_once(&once, device_as_host_log);
+}
+
 static llmdd_status
 ready(llmdd *dd)
 {
@@ -334,11 +353,8 @@ llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
         st = LLM_PARAM_INVALID;
         goto out;
     }
-    if (desc->placement == LLMDD_PLACEMENT_DEVICE) {
-        log_error("allocate_cache: device placement needs a GPU build");
-        st = LLM_FEATURE_NOT_ENABLED;
-        goto out;
-    }
+    if (desc->placement == LLMDD_PLACEMENT_DEVICE)
+        device_as_host();
     c = cache_new(desc, tensor_size, stride);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;
@@ -406,11 +422,8 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
             __builtin_add_overflow(addrs[i], tensor_size, &end))
             goto out;
     }
-    if (desc->placement == LLMDD_PLACEMENT_DEVICE) {
-        log_error("register_kv_cache: device placement needs a GPU build");
-        st = LLM_FEATURE_NOT_ENABLED;
-        goto out;
-    }
+    if (desc->placement == LLMDD_PLACEMENT_DEVICE)
+        device_as_host();
     c = cache_new(desc, tensor_size, stride);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,6 +238,28 @@ parse_transport(const char *s, char *out)
     return LLM_SUCCESS;
 }
 
+/* A reference key that means nothing here: logs why, once per process. */
+static bool
+ignored_key(const char *k)
+{
+#define IGNORED(key, why) {key, why},
+    static const struct {
+        const char *key, *why;
+    } keys[] = {LLMDD_OPT_IGNORED_MAP(IGNORED)};
+#undef IGNORED
+    static atomic_bool logged[sizeof(keys) / sizeof(keys[0])];
+
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strcmp(k, keys[i].key) == 0) {
+            if (!atomic_exchange(&logged[i], true))
+                log_info("option %s accepted without effect: %s", k,
+                         keys[i].why);
+            return true;
+        }
+    }
+    return false;
+}
+
 llmdd_status
 llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
 {
@@ -279,7 +302,7 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
                 st = LLM_PARAM_INVALID;
             token = v;
             set_token = true;
-        } else {
+        } else if (!ignored_key(k)) {
             log_warn("unknown option \"%s\" ignored", k);
         }
         if (st != LLM_SUCCESS) {

@@ -160,14 +160,14 @@ test_failed_calls_consume_no_id(void **state)
         assert_int_equal(llmdd_register_kv_cache(dd, &bad[i], addrs, 8, &id),
                          LLM_PARAM_INVALID);
     }
-    d.placement = LLMDD_PLACEMENT_DEVICE;
-    assert_int_equal(llmdd_allocate_cache(dd, &d, &c),
-                     LLM_FEATURE_NOT_ENABLED);
+    d.placement = LLMDD_PLACEMENT_DEVICE; /* host memory in this build */
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+    assert_int_equal(c.cache_id, 2);
     d.placement = LLMDD_PLACEMENT_HOST;
     assert_int_equal(llmdd_register_kv_cache(dd, &d, addrs, 8, &id),
                      LLM_PARAM_INVALID); /* address 0 */
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
-    assert_int_equal(c.cache_id, 2);
+    assert_int_equal(c.cache_id, 3);
 }
 
 static void
@@ -198,10 +198,17 @@ test_allocate_device(void **state)
     llmdd_cache_desc d = th_desc_kv();
     llmdd_cache c;
 
-    /* No device in this build: a valid desc that cannot be served. */
+    /* No device in this build: device placement is host memory, as code
+     * written for LLM-DataDist (kDevice everywhere) expects to work. */
     d.placement = LLMDD_PLACEMENT_DEVICE;
-    assert_int_equal(llmdd_allocate_cache(dd, &d, &c),
-                     LLM_FEATURE_NOT_ENABLED);
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+    th_fill(&c, 3);
+    for (uint32_t t = 0; t < d.num_tensors; t++)
+        assert_int_equal(th_check_buf((const uint8_t *)(uintptr_t)
+                                          c.tensor_addrs[t],
+                                      th_tensor_size(&d), 3, t),
+                         -1);
+    assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
 }
 
 static void
@@ -359,14 +366,17 @@ test_register_device(void **state)
     llmdd *dd = *state;
     llmdd_cache_desc d = th_desc_kv();
     uint64_t addrs[8];
-    uint8_t mem[8];
+    uint8_t *mem = calloc(8, th_tensor_size(&d));
     int64_t id;
 
+    assert_non_null(mem);
     for (int t = 0; t < 8; t++)
-        addrs[t] = (uint64_t)(uintptr_t)mem;
-    d.placement = LLMDD_PLACEMENT_DEVICE;
+        addrs[t] = (uint64_t)(uintptr_t)(mem + t * th_tensor_size(&d));
+    d.placement = LLMDD_PLACEMENT_DEVICE; /* host memory in this build */
     assert_int_equal(llmdd_register_kv_cache(dd, &d, addrs, 8, &id),
-                     LLM_FEATURE_NOT_ENABLED);
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_unregister_kv_cache(dd, id), LLM_SUCCESS);
+    free(mem);
 }
 
 static void
