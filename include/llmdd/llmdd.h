@@ -275,6 +275,32 @@ LLMDD_API const char *llmdd_transport_list(void);
  */
 LLMDD_API const char *llmdd_transport_info(const char *name);
 
+/*
+ * Cache keys (0.2): a name of 1..LLMDD_KEY_MAX raw bytes for one batch slot
+ * of a local cache, so that a linked peer finds it without knowing ids (the
+ * reference's CacheKey and BlocksCacheKey). Keys belong to the instance;
+ * deallocating or unregistering the cache removes its keys.
+ *
+ * llmdd_set_cache_key: LLM_PARAM_INVALID for a bad key or a slot out of
+ * range, LLM_KV_CACHE_NOT_EXIST for an unknown cache,
+ * LLM_CACHE_KEY_ALREADY_EXIST when the key is bound (the first binding
+ * stays). llmdd_remove_cache_key: an unknown key is LLM_SUCCESS.
+ * llmdd_lookup_remote_key asks the linked peer `cluster_id` which (cache id,
+ * batch index) its key names: LLM_NOT_YET_LINK without a link,
+ * LLM_KV_CACHE_NOT_EXIST when the peer has no such key, LLM_TIMEOUT past
+ * llm.SyncKvCacheWaitTime. *index_out is written only on success.
+ */
+#define LLMDD_KEY_MAX 128
+LLMDD_API llmdd_status llmdd_set_cache_key(llmdd *dd, int64_t cache_id,
+                                           uint32_t batch_index,
+                                           const void *key, size_t key_len);
+LLMDD_API llmdd_status llmdd_remove_cache_key(llmdd *dd, const void *key,
+                                              size_t key_len);
+LLMDD_API llmdd_status llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id,
+                                               const void *key,
+                                               size_t key_len,
+                                               llmdd_cache_index *index_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -268,6 +268,7 @@ cache_remove(llmdd *dd, int64_t id, bool want_allocated)
             (dd->ncaches - i - 1) * sizeof(*dd->caches));
     dd->ncaches--;
     c->dead = true;
+    llmdd__keys_drop_cache(dd, id);
     notify_links(dd, c);
     /* Transfers hold references only for bounded I/O; wait them out so the
      * memory is never touched after we return. */
@@ -283,6 +284,7 @@ llmdd__caches_fini(llmdd *dd)
     while (dd->ncaches > 0)
         cache_remove(dd, dd->caches[dd->ncaches - 1]->id,
                      dd->caches[dd->ncaches - 1]->allocated);
+    llmdd__keys_fini(dd);
     free(dd->caches);
     dd->caches = NULL;
     dd->caches_cap = 0;

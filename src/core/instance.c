@@ -150,6 +150,15 @@ instances_remove(llmdd *dd)
     pthread_mutex_unlock(&instances_lock);
 }
 
+llmdd_status
+llmdd__ready(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    bool ok = dd->initialized;
+    pthread_mutex_unlock(&dd->lock);
+    return ok ? LLM_SUCCESS : LLM_FAILED;
+}
+
 static bool
 role_valid(llmdd_role role)
 {

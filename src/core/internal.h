@@ -82,6 +82,8 @@ typedef struct llmdd__link {
     bool dead;
     bool unlink_acked;
     bool reopening; /* a reopen job runs: the peer cannot spawn more */
+    struct llmdd__key_wait *key_waits; /* our KEY_QUERYs awaiting replies */
+    uint64_t key_seq;
     struct llmdd__link *next;
 
     /* The peer's caches we have seen; guarded by rc_lock. */
@@ -112,6 +114,7 @@ struct llmdd {
     size_t ncaches, caches_cap;
     int64_t next_cache_id;
     llmdd__pool *host_pool;
+    struct llmdd__keys *keys; /* cache keys (keys.c); NULL until the first */
 
     llmdd__link *links;
     llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
@@ -150,6 +153,16 @@ void llmdd__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex,
 
 /* Runs fn(arg) on a detached thread counted in dd->nthreads. */
 int llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg);
+
+/* LLM_SUCCESS when dd is initialized, else LLM_FAILED; takes dd->lock. */
+llmdd_status llmdd__ready(llmdd *dd);
+
+/* Cache keys (keys.c). */
+/* Takes dd->lock. Whether `key` is bound, and to what. */
+bool llmdd__keys_find(llmdd *dd, const void *key, size_t key_len,
+                      int64_t *cache_id, uint32_t *batch_index);
+void llmdd__keys_drop_cache(llmdd *dd, int64_t cache_id); /* dd->lock held */
+void llmdd__keys_fini(llmdd *dd);                          /* dd->lock held */
 
 /* Cache registry (cache.c). */
 void llmdd__caches_fini(llmdd *dd); /* dd->lock held; waits for refs */

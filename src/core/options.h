@@ -19,9 +19,9 @@
 #define LLMDD_OPT_MAX_LINKS "llm.MaxLinks"
 /* The reference's keys for Ascend resources: accepted, no effect here. */
 #define LLMDD_OPT_IGNORED_MAP(XX)                                              \
-    XX("llm.BufPoolCfg", "the transfer buffer pool is Ascend's")              \
-    XX("llm.EnableSwitchRole", "set_role is always allowed")                  \
-    XX("llm.LocalCommRes", "there is no HCCL communication resource")         \
+    XX("llm.BufPoolCfg", "the transfer buffer pool is Ascend's")               \
+    XX("llm.EnableSwitchRole", "set_role is always allowed")                   \
+    XX("llm.LocalCommRes", "there is no HCCL communication resource")          \
     XX("llm.TransferBackend", "llm.Transport picks the transport")
 
 #define LLMDD_DEFAULT_WAIT_MS 1000u

@@ -579,9 +579,132 @@ ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf, size_t *len)
     }
 }
 
+/* ---- Cache keys over the control connection. ---- */
+
+/* A llmdd_lookup_remote_key call waiting for its KEY_REPLY. */
+struct llmdd__key_wait {
+    uint64_t seq;
+    bool done;
+    llmdd__key_reply reply;
+    struct llmdd__key_wait *next;
+};
+
+/*
+ * Answers a peer's KEY_QUERY. The reply goes out without waiting: a peer
+ * that asks and never reads fills its own socket and loses the link, it
+ * does not hold the control thread.
+ */
+static bool
+key_serve(llmdd *dd, llmdd__link *link, const uint8_t *buf, size_t len)
+{
+    llmdd__key_query q;
+    llmdd__key_reply r = {.status = LLM_KV_CACHE_NOT_EXIST};
+    uint8_t out[32];
+
+    if (llmdd__wire_key_query_decode(buf, len, &q) != 0) {
+        llmdd__link_drop(link, "malformed KEY_QUERY");
+        return false;
+    }
+    r.seq = q.seq;
+    if (llmdd__keys_find(dd, q.key, q.key_len, &r.cache_id, &r.batch_index))
+        r.status = LLM_SUCCESS;
+    size_t n = llmdd__wire_key_reply_encode(&r, out, sizeof(out));
+    pthread_mutex_lock(&link->wlock);
+    int rc = llmdd__send_msg(dd, link->ctrl_fd, WMSG_KEY_REPLY, out, n,
+                             llmdd__now_ms());
+    pthread_mutex_unlock(&link->wlock);
+    if (rc != 0) {
+        llmdd__link_drop(link, "peer does not read its KEY_REPLYs");
+        return false;
+    }
+    return true;
+}
+
+/* Hands a KEY_REPLY to its waiter; one nobody waits for (late) is dropped. */
+static bool
+key_deliver(llmdd *dd, llmdd__link *link, const uint8_t *buf, size_t len)
+{
+    llmdd__key_reply r;
+
+    if (llmdd__wire_key_reply_decode(buf, len, &r) != 0) {
+        llmdd__link_drop(link, "malformed KEY_REPLY");
+        return false;
+    }
+    pthread_mutex_lock(&dd->lock);
+    for (struct llmdd__key_wait *w = link->key_waits; w != NULL; w = w->next) {
+        if (w->seq == r.seq && !w->done) {
+            w->reply = r;
+            w->done = true;
+            pthread_cond_broadcast(&dd->cond);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dd->lock);
+    return true;
+}
+
+llmdd_status
+llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
+                        size_t key_len, llmdd_cache_index *index_out)
+{
+    struct llmdd__key_wait w = {0};
+    llmdd__key_query q = {0};
+    uint8_t buf[CTRL_MSG_MAX];
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (key == NULL || key_len == 0 || key_len > LLMDD_KEY_MAX ||
+        index_out == NULL)
+        return LLM_PARAM_INVALID;
+    llmdd__link *link = llmdd__link_get(dd, cluster_id);
+    if (link == NULL)
+        return LLM_NOT_YET_LINK;
+    pthread_mutex_lock(&dd->lock);
+    int64_t deadline = llmdd__now_ms() + dd->opts.wait_ms;
+    w.seq = q.seq = ++link->key_seq;
+    w.next = link->key_waits;
+    link->key_waits = &w;
+    pthread_mutex_unlock(&dd->lock);
+
+    q.key_len = (uint32_t)key_len;
+    memcpy(q.key, key, key_len);
+    size_t n = llmdd__wire_key_query_encode(&q, buf, sizeof(buf));
+    pthread_mutex_lock(&link->wlock);
+    int rc =
+        llmdd__send_msg(dd, link->ctrl_fd, WMSG_KEY_QUERY, buf, n, deadline);
+    pthread_mutex_unlock(&link->wlock);
+
+    pthread_mutex_lock(&dd->lock);
+    while (rc == 0 && !w.done && !link->dead && llmdd__now_ms() < deadline)
+        llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
+    for (struct llmdd__key_wait **p = &link->key_waits; *p != NULL;
+         p = &(*p)->next) {
+        if (*p == &w) {
+            *p = w.next;
+            break;
+        }
+    }
+    if (w.done)
+        st = w.reply.status == LLM_SUCCESS ? LLM_SUCCESS
+                                           : LLM_KV_CACHE_NOT_EXIST;
+    else
+        st = link->dead || rc != 0 ? LLM_NOT_YET_LINK : LLM_TIMEOUT;
+    pthread_mutex_unlock(&dd->lock);
+    llmdd__link_put(link);
+    if (st == LLM_SUCCESS)
+        *index_out = (llmdd_cache_index){.cluster_id = cluster_id,
+                                         .cache_id = w.reply.cache_id,
+                                         .batch_index = w.reply.batch_index};
+    return st;
+}
+
 /* Handles one control message of a link; false when the link was dropped. */
 static bool
-ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type)
+ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
+              size_t len)
 {
     switch (type) {
     case WMSG_UNLINK:
@@ -618,6 +741,10 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type)
         pthread_cond_broadcast(&dd->cond);
         pthread_mutex_unlock(&dd->lock);
         return true;
+    case WMSG_KEY_QUERY:
+        return key_serve(dd, link, buf, len);
+    case WMSG_KEY_REPLY:
+        return key_deliver(dd, link, buf, len);
     default:
         llmdd__link_drop(link, "unexpected control message");
         return false;
@@ -634,7 +761,7 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link)
     int rc;
 
     while ((rc = ctrl_rx_next(link, &type, buf, &len)) == 1)
-        if (!ctrl_link_msg(dd, link, type))
+        if (!ctrl_link_msg(dd, link, type, buf, len))
             return;
     if (rc < 0)
         llmdd__link_drop(link, "peer closed the control connection");

@@ -300,6 +300,69 @@ llmdd__wire_result_decode(const uint8_t *buf, size_t len, llmdd__result *out)
 }
 
 size_t
+llmdd__wire_key_query_encode(const llmdd__key_query *m, uint8_t *buf,
+                             size_t cap)
+{
+    wbuf w = {.p = buf, .cap = cap};
+
+    if (m->key_len == 0 || m->key_len > LLMDD_WIRE_KEY_MAX)
+        return 0;
+    put_u64(&w, m->seq);
+    put_u32(&w, m->key_len);
+    put_bytes(&w, m->key, m->key_len);
+    return wdone(&w);
+}
+
+int
+llmdd__wire_key_query_decode(const uint8_t *buf, size_t len,
+                             llmdd__key_query *out)
+{
+    rbuf r = {.p = buf, .len = len};
+    llmdd__key_query m;
+
+    memset(&m, 0, sizeof(m));
+    m.seq = get_u64(&r);
+    m.key_len = get_u32(&r);
+    if (r.err || m.key_len == 0 || m.key_len > LLMDD_WIRE_KEY_MAX)
+        return -1;
+    get_bytes(&r, m.key, m.key_len);
+    if (rdone(&r) != 0)
+        return -1;
+    *out = m;
+    return 0;
+}
+
+size_t
+llmdd__wire_key_reply_encode(const llmdd__key_reply *m, uint8_t *buf,
+                             size_t cap)
+{
+    wbuf w = {.p = buf, .cap = cap};
+
+    put_u64(&w, m->seq);
+    put_u32(&w, m->status);
+    put_u64(&w, (uint64_t)m->cache_id);
+    put_u32(&w, m->batch_index);
+    return wdone(&w);
+}
+
+int
+llmdd__wire_key_reply_decode(const uint8_t *buf, size_t len,
+                             llmdd__key_reply *out)
+{
+    rbuf r = {.p = buf, .len = len};
+    llmdd__key_reply m;
+
+    m.seq = get_u64(&r);
+    m.status = get_u32(&r);
+    m.cache_id = (int64_t)get_u64(&r);
+    m.batch_index = get_u32(&r);
+    if (rdone(&r) != 0)
+        return -1;
+    *out = m;
+    return 0;
+}
+
+size_t
 llmdd__wire_u32_encode(uint32_t v, uint8_t *buf, size_t cap)
 {
     wbuf w = {.p = buf, .cap = cap};

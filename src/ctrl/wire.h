@@ -29,6 +29,8 @@ enum llmdd__msg_type {
     WMSG_UNLINK = 10,
     WMSG_UNLINK_ACK = 11,
     WMSG_REOPEN = 12,
+    WMSG_KEY_QUERY = 13, /* control connection: a cache key lookup */
+    WMSG_KEY_REPLY = 14,
     WMSG_QUERY = 20,
     WMSG_QUERY_REPLY = 21,
     WMSG_READ = 22,
@@ -106,6 +108,21 @@ typedef struct {
     uint64_t total; /* count * sum(lens), checked for overflow */
 } llmdd__rw_req;
 
+/* KEY_QUERY: which (cache id, batch index) a key of the peer's names. */
+#define LLMDD_WIRE_KEY_MAX 128 /* LLMDD_KEY_MAX */
+typedef struct {
+    uint64_t seq;
+    uint32_t key_len; /* 1..LLMDD_WIRE_KEY_MAX */
+    uint8_t key[LLMDD_WIRE_KEY_MAX];
+} llmdd__key_query;
+
+typedef struct {
+    uint64_t seq;
+    uint32_t status; /* LLM_SUCCESS or LLM_KV_CACHE_NOT_EXIST */
+    int64_t cache_id;
+    uint32_t batch_index;
+} llmdd__key_reply;
+
 /* Encoders return the payload length, or 0 when buf (cap bytes) is short. */
 size_t llmdd__wire_hello_encode(const llmdd__hello *m, uint8_t *buf,
                                 size_t cap);
@@ -123,6 +140,15 @@ size_t llmdd__wire_result_encode(const llmdd__result *m, uint8_t *buf,
                                  size_t cap);
 int llmdd__wire_result_decode(const uint8_t *buf, size_t len,
                               llmdd__result *out);
+
+size_t llmdd__wire_key_query_encode(const llmdd__key_query *m, uint8_t *buf,
+                                    size_t cap);
+int llmdd__wire_key_query_decode(const uint8_t *buf, size_t len,
+                                 llmdd__key_query *out);
+size_t llmdd__wire_key_reply_encode(const llmdd__key_reply *m, uint8_t *buf,
+                                    size_t cap);
+int llmdd__wire_key_reply_decode(const uint8_t *buf, size_t len,
+                                 llmdd__key_reply *out);
 
 size_t llmdd__wire_u32_encode(uint32_t v, uint8_t *buf, size_t cap);
 int llmdd__wire_u32_decode(const uint8_t *buf, size_t len, uint32_t *out);

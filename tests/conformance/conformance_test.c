@@ -498,6 +498,78 @@ test_cache_made_after_link(void **state)
     verify_all();
 }
 
+/* The peer binds `key` to (id, slot); returns that call's status. */
+static llmdd_status
+peer_key(int64_t id, uint32_t slot, const char *key)
+{
+    char cmd[128], reply[64];
+
+    if (!proc_mode)
+        return llmdd_set_cache_key(peer, id, slot, key, strlen(key));
+    snprintf(cmd, sizeof(cmd), "key %lld %u %s", (long long)id, slot, key);
+    if (th_proc_cmd(&proc, cmd, reply, sizeof(reply)) == 0)
+        return LLM_SUCCESS;
+    return strstr(reply, "LLM_CACHE_KEY_ALREADY_EXIST") != NULL
+               ? LLM_CACHE_KEY_ALREADY_EXIST
+               : LLM_FAILED;
+}
+
+static void
+test_cache_keys(void **state)
+{
+    llmdd_cache_index idx, before = {7, 7, 7};
+    const char *key = "req-42/blocks";
+
+    (void)state;
+    /* Unknown key, then bound: the pull by key moves the right slot. */
+    idx = before;
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
+                                             &idx),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_memory_equal(&idx, &before, sizeof(idx));
+    assert_int_equal(peer_key(ids.kv, 3, key), LLM_SUCCESS);
+    assert_int_equal(peer_key(ids.kv, 1, key), LLM_CACHE_KEY_ALREADY_EXIST);
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
+                                             &idx),
+                     LLM_SUCCESS);
+    assert_int_equal(idx.cluster_id, PEER);
+    assert_int_equal(idx.cache_id, ids.kv);
+    assert_int_equal(idx.batch_index, 3); /* the first binding stays */
+    /* Keys are bytes compared by length: a prefix is another key. */
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key) - 1,
+                                             &idx),
+                     LLM_KV_CACHE_NOT_EXIST);
+    /* Bad arguments and unlinked clusters change nothing. */
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, 0, &idx),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key,
+                                             LLMDD_KEY_MAX + 1, &idx),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, NULL, 3, &idx),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
+                                             NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_lookup_remote_key(dd, 99, key, strlen(key), &idx),
+                     LLM_NOT_YET_LINK);
+    /* Removed: unknown again; removing twice is fine. */
+    if (proc_mode) {
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "unkey %s", key);
+        assert_int_equal(th_proc_cmd(&proc, cmd, NULL, 0), 0);
+        assert_int_equal(th_proc_cmd(&proc, cmd, NULL, 0), 0);
+    } else {
+        assert_int_equal(llmdd_remove_cache_key(peer, key, strlen(key)),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_remove_cache_key(peer, key, strlen(key)),
+                         LLM_SUCCESS);
+    }
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
+                                             &idx),
+                     LLM_KV_CACHE_NOT_EXIST);
+    verify_all();
+}
+
 static void
 test_large_pull(void **state)
 {
@@ -560,6 +632,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_push_blocks),
         cmocka_unit_test(test_rejected_calls_change_nothing),
         cmocka_unit_test(test_cache_made_after_link),
+        cmocka_unit_test(test_cache_keys),
         cmocka_unit_test(test_large_pull),
     };
     return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);

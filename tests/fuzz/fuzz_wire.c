@@ -30,7 +30,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t len = size - 1;
 
-    switch (data[0] % 10) {
+    switch (data[0] % 12) {
     case 0: {
         llmdd__frame f = {.type = 0xdead, .len = 0xbeef};
         if (len < LLMDD_WIRE_HDR_LEN)
@@ -141,6 +141,21 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         FUZZ_CHECK(sum * r.count == r.total);
         same(p, len, llmdd__wire_rw_encode(&r, out, sizeof(out)));
+        break;
+    }
+    case 10: {
+        llmdd__key_query q;
+        if (llmdd__wire_key_query_decode(p, len, &q) != 0)
+            return 0;
+        FUZZ_CHECK(q.key_len >= 1 && q.key_len <= LLMDD_WIRE_KEY_MAX);
+        same(p, len, llmdd__wire_key_query_encode(&q, out, sizeof(out)));
+        break;
+    }
+    case 11: {
+        llmdd__key_reply r;
+        if (llmdd__wire_key_reply_decode(p, len, &r) != 0)
+            return 0;
+        same(p, len, llmdd__wire_key_reply_encode(&r, out, sizeof(out)));
         break;
     }
     }

@@ -145,6 +145,7 @@ main(int argc, char **argv)
     while (fgets(line, sizeof(line), stdin) != NULL) {
         unsigned a = 0, b = 0, c = 0;
         long long id;
+        char key[64];
         if (strncmp(line, "quit", 4) == 0)
             break;
         if (sscanf(line, "alloc-big %u %u %u", &a, &b, &c) == 3) {
@@ -166,6 +167,11 @@ main(int argc, char **argv)
             reply_status(llmdd_deallocate_cache(dd, id), id);
         } else if (sscanf(line, "check %lld %u", &id, &a) == 2) {
             check(dd, id, a);
+        } else if (sscanf(line, "key %lld %u %63s", &id, &a, key) == 3) {
+            reply_status(llmdd_set_cache_key(dd, id, a, key, strlen(key)),
+                         id);
+        } else if (sscanf(line, "unkey %63s", key) == 1) {
+            reply_status(llmdd_remove_cache_key(dd, key, strlen(key)), 0);
         } else if (strncmp(line, "ping", 4) == 0) {
             reply_status(LLM_SUCCESS, 0);
         } else {

@@ -699,6 +699,52 @@ test_rw_max_runs(void **state)
     free(buf);
 }
 
+static void
+test_key_messages(void **state)
+{
+    llmdd__key_query q = {.seq = 7, .key_len = 3}, q2;
+    llmdd__key_reply r = {.seq = 9, .status = LLM_SUCCESS, .cache_id = -2,
+                          .batch_index = 5},
+                     r2;
+    uint8_t buf[256];
+
+    (void)state;
+    memcpy(q.key, "abc", 3);
+    size_t n = llmdd__wire_key_query_encode(&q, buf, sizeof(buf));
+    assert_int_equal(n, 8 + 4 + 3);
+    assert_int_equal(llmdd__wire_key_query_decode(buf, n, &q2), 0);
+    assert_int_equal(q2.seq, 7);
+    assert_int_equal(q2.key_len, 3);
+    assert_memory_equal(q2.key, "abc", 3);
+    /* Every truncation and one byte more are rejected. */
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(llmdd__wire_key_query_decode(buf, k, &q2), -1);
+    assert_int_equal(llmdd__wire_key_query_decode(buf, n + 1, &q2), -1);
+    /* A length of 0 or past the bound is rejected, whatever follows. */
+    buf[8] = 0;
+    assert_int_equal(llmdd__wire_key_query_decode(buf, n, &q2), -1);
+    buf[8] = LLMDD_WIRE_KEY_MAX + 1;
+    memset(buf + 12, 'x', LLMDD_WIRE_KEY_MAX + 1);
+    assert_int_equal(llmdd__wire_key_query_decode(buf,
+                                                  12 + LLMDD_WIRE_KEY_MAX + 1,
+                                                  &q2),
+                     -1);
+    q.key_len = 0;
+    assert_int_equal(llmdd__wire_key_query_encode(&q, buf, sizeof(buf)), 0);
+    q.key_len = LLMDD_WIRE_KEY_MAX + 1;
+    assert_int_equal(llmdd__wire_key_query_encode(&q, buf, sizeof(buf)), 0);
+
+    n = llmdd__wire_key_reply_encode(&r, buf, sizeof(buf));
+    assert_int_equal(n, 24);
+    assert_int_equal(llmdd__wire_key_reply_decode(buf, n, &r2), 0);
+    assert_int_equal(r2.seq, 9);
+    assert_int_equal(r2.cache_id, -2);
+    assert_int_equal(r2.batch_index, 5);
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(llmdd__wire_key_reply_decode(buf, k, &r2), -1);
+    assert_int_equal(llmdd__wire_key_reply_encode(&r, buf, 23), 0);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -715,6 +761,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_rw_roundtrip),
         cmocka_unit_test(test_rw_limits),
         cmocka_unit_test(test_rw_max_runs),
+        cmocka_unit_test(test_key_messages),
     };
     return cmocka_run_group_tests_name("wire", tests, rw_setup, rw_teardown);
 }
