@@ -679,6 +679,18 @@ rev_open(llmdd__stream *s, int64_t deadline)
     return 0;
 }
 
+/*
+ * Why a data connection of the link could not be opened: the link call's
+ * deadline passed (a connect or handshake that never finished), or the peer
+ * failed or refused it.
+ */
+static llmdd_status
+connect_status(const llmdd__link *link)
+{
+    return llmdd__now_ms() >= link->deadline_ms ? LLM_TIMEOUT
+                                                : LLM_LINK_FAILED;
+}
+
 llmdd_status
 llmdd__stream_connect(llmdd__stream *s)
 {
@@ -688,7 +700,7 @@ llmdd__stream_connect(llmdd__stream *s)
     for (int i = 0; i < s->nfwd; i++) {
         int fd = llmdd__data_connect(link, 0, link->deadline_ms);
         if (fd < 0)
-            return LLM_LINK_FAILED;
+            return connect_status(link);
         pthread_mutex_lock(&s->lock);
         s->nconns++;
         s->idle[s->nidle++] = fd;
@@ -696,7 +708,7 @@ llmdd__stream_connect(llmdd__stream *s)
     }
     for (int i = 0; i < s->nrev; i++)
         if (rev_open(s, link->deadline_ms) != 0)
-            return LLM_LINK_FAILED;
+            return connect_status(link);
     return LLM_SUCCESS;
 }
 

@@ -36,8 +36,9 @@ llmdd__stream *llmdd__stream_new(llmdd__link *link, int nfwd, int nrev);
 /*
  * Client side: opens the FWD and REV connections by link->deadline_ms and
  * starts serving the REV ones (the serving threads hold link references).
- * LLM_LINK_FAILED when one cannot be opened; the data plane must then still
- * be shut down and freed.
+ * When one cannot be opened: LLM_TIMEOUT if the deadline passed meanwhile,
+ * else LLM_LINK_FAILED; the data plane must then still be shut down and
+ * freed.
  */
 llmdd_status llmdd__stream_connect(llmdd__stream *s);
 
