@@ -218,6 +218,12 @@ LLMDD_API llmdd_status llmdd_unlink_clusters(llmdd *dd,
 LLMDD_API llmdd_status llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
                                   llmdd_cache *cache_out);
 LLMDD_API llmdd_status llmdd_deallocate_cache(llmdd *dd, int64_t cache_id);
+/*
+ * Registers caller memory as a cache: peers read and write it directly, so
+ * it must stay mapped and valid until llmdd_unregister_kv_cache returns.
+ * Freeing it earlier is the caller's error, and a peer's pull then reads
+ * freed memory in this process (over tcp, in a serving thread).
+ */
 LLMDD_API llmdd_status llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
                                      const uint64_t *addrs, size_t num_addrs,
                                      int64_t *cache_id_out);

@@ -346,6 +346,37 @@ test_pull_blocks_many_runs(void **state)
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
 }
 
+/*
+ * Repeated blocks that add up to more than a whole tensor: the serving side
+ * takes at most a tensor's worth of bytes per tensor in one request, so the
+ * requester must split the plan, and both directions still work.
+ */
+static void
+test_blocks_more_than_a_tensor(void **state)
+{
+    enum { NB = 64, EXTRA = 3 }; /* th_desc_blocks: 64 blocks */
+    uint64_t sb[NB + EXTRA], db[NB + EXTRA];
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    for (uint64_t k = 0; k < NB; k++)
+        sb[k] = db[k] = k;
+    for (uint64_t k = 0; k < EXTRA; k++) {
+        sb[NB + k] = 40 + k;
+        db[NB + k] = 5 + k;
+    }
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db,
+                                          NB + EXTRA, NULL),
+                     LLM_SUCCESS);
+    model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, NB + EXTRA);
+    verify_all();
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &idx, db, sb,
+                                          NB + EXTRA, NULL),
+                     LLM_SUCCESS);
+    model_blocks(&r_blocks, &m_blocks, 0, 0, NT, db, sb, NB + EXTRA);
+    verify_all();
+}
+
 static void
 test_push_slot(void **state)
 {
@@ -627,6 +658,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_pull_blocks_duplicate_dst),
         cmocka_unit_test(test_pull_blocks_layer_range),
         cmocka_unit_test(test_pull_blocks_many_runs),
+        cmocka_unit_test(test_blocks_more_than_a_tensor),
         cmocka_unit_test(test_push_slot),
         cmocka_unit_test(test_push_layers_and_size),
         cmocka_unit_test(test_push_blocks),

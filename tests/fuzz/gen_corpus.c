@@ -235,6 +235,68 @@ gen_wire_and_stream(void)
         n = llmdd__wire_rw_encode(&q, p, sizeof(p));
         put("rw", reqs[i].name, p, n);
     }
+
+    /*
+     * Requests that stay inside every tensor yet ask for more than a
+     * tensor's worth of bytes (the serving side's bound): overlapping runs,
+     * runs summing past the tensor, the same run thousands of times; and
+     * two runs that make exactly one tensor, the most that may pass.
+     */
+    enum { MANY = 3000 }; /* fits fuzz_stream.c's 64 KiB input */
+    uint64_t *mo = calloc(MANY, sizeof(*mo)), *ml = calloc(MANY, sizeof(*ml));
+    uint8_t *big = malloc(64 + MANY * 16);
+    if (mo == NULL || ml == NULL || big == NULL)
+        exit(1);
+    for (size_t i = 0; i < MANY; i++)
+        ml[i] = 4000; /* the whole of fuzz_rw.c's allocated tensor */
+    struct {
+        const char *name;
+        uint32_t count, nruns;
+        uint64_t o0, l0, o1, l1;
+    } amp[] = {
+        {"alloc_exact_split", 3, 2, 2000, 2000, 0, 2000},
+        {"alloc_overlap_past", 3, 2, 0, 4000, 3999, 1},
+        {"alloc_sum_past", 1, 2, 0, 2001, 2000, 2000},
+        {"alloc_many_whole", 3, MANY, 0, 4000, 0, 4000},
+    };
+    for (size_t i = 0; i < sizeof(amp) / sizeof(amp[0]); i++) {
+        mo[0] = amp[i].o0;
+        ml[0] = amp[i].l0;
+        mo[1] = amp[i].o1;
+        ml[1] = amp[i].l1;
+        llmdd__rw_req q = {.cache_id = 1,
+                           .first = 0,
+                           .count = amp[i].count,
+                           .nruns = amp[i].nruns,
+                           .offs = mo,
+                           .lens = ml};
+        n = llmdd__wire_rw_encode(&q, big, 64 + MANY * 16);
+        put("rw", amp[i].name, big, n);
+    }
+    /* The amplified READ and WRITE as a data connection carries them. */
+    rw = (llmdd__rw_req){.cache_id = 1,
+                         .first = 0,
+                         .count = 3,
+                         .nruns = MANY,
+                         .offs = mo,
+                         .lens = ml};
+    s->len = 0;
+    n = llmdd__wire_hello_encode(&hd, p, sizeof(p));
+    frame(s, WMSG_HELLO, p, n);
+    n = llmdd__wire_rw_encode(&rw, big, 64 + MANY * 16);
+    frame(s, WMSG_READ, big, n);
+    put("stream", "server_data_amplified_read", s->b, s->len);
+    s->len = 0;
+    n = llmdd__wire_hello_encode(&hd, p, sizeof(p));
+    frame(s, WMSG_HELLO, p, n);
+    rw.nruns = MANY / 2;
+    n = llmdd__wire_rw_encode(&rw, big, 64 + MANY * 16);
+    frame(s, WMSG_WRITE, big, n);
+    raw(s, 0xab, 4000);
+    put("stream", "server_data_amplified_write", s->b, s->len);
+    free(big);
+    free(ml);
+    free(mo);
     free(s);
 }
 

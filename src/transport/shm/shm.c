@@ -599,6 +599,8 @@ shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
 
     if (sl == NULL)
         return;
+    /* Requests on the fallback data plane hold the cache too. */
+    llmdd__stream_cache_removed(sl->stream, cache);
     memset(&w, 0, sizeof(w));
     w_u64(&pw, (uint64_t)cache->id, 8);
     int64_t deadline = llmdd__now_ms() + shm_wait_ms(link->dd);

@@ -33,6 +33,15 @@
 #define STREAM_SERVE_MAX 8
 #define STREAM_IOV_MAX 512
 #define STREAM_STALL_MS 5000 /* a serving side gives up on a peer this silent */
+/*
+ * The slowest a peer may take a reply or send a WRITE's data: a serving side
+ * allows each one STREAM_STALL_MS plus its size at this rate, so a peer that
+ * moves a byte now and then, never silent for a whole stall, still cannot
+ * hold the cache for longer than its request is worth. 1 MiB/s (8 Mbit/s) is
+ * far below any network a KV cache moves over; a slower one sees its
+ * transfers cut.
+ */
+#define STREAM_FLOOR_BPS (1u << 20)
 
 struct llmdd__stream {
     llmdd__link *link;
@@ -44,7 +53,10 @@ struct llmdd__stream {
     int nconns; /* requester connections open, idle or busy */
     int busy[LLMDD__STREAM_CONNS_MAX];
     int nbusy;
-    int serve[STREAM_SERVE_MAX]; /* connections being served, for shutdown */
+    struct {
+        int fd;
+        int64_t cache_id; /* whose memory the request in progress moves */
+    } serve[STREAM_SERVE_MAX]; /* connections being served, for shutdown */
     int nserve;
     bool down;
 };
@@ -104,14 +116,15 @@ seg_advance(seg_iter *it, size_t bytes)
 }
 
 /*
- * Moves every segment through fd. With stall_ms > 0 the deadline moves
- * forward on each progress (a serving side); otherwise it is absolute.
+ * Moves every segment through fd by the deadline. With stall_ms > 0 (a
+ * serving side) it also gives up once the peer moved nothing for stall_ms.
  */
 static int
 seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
        int stall_ms)
 {
     struct iovec iov[STREAM_IOV_MAX];
+    int64_t stall = stall_ms > 0 ? llmdd__now_ms() + stall_ms : deadline;
 
     while (it->t < it->count) {
         size_t n = seg_fill(it, iov, STREAM_IOV_MAX);
@@ -121,7 +134,7 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
         if (k > 0) {
             seg_advance(it, (size_t)k);
             if (stall_ms > 0)
-                deadline = llmdd__now_ms() + stall_ms;
+                stall = llmdd__now_ms() + stall_ms;
             continue;
         }
         if (k == 0 && !send)
@@ -130,7 +143,8 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
             continue;
         if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
-        if (llmdd__wait_fd(dd, fd, send ? POLLOUT : POLLIN, deadline) != 1)
+        if (llmdd__wait_fd(dd, fd, send ? POLLOUT : POLLIN,
+                           stall < deadline ? stall : deadline) != 1)
             return -1;
     }
     return 0;
@@ -162,11 +176,14 @@ serve_track(llmdd__stream *s, int fd, bool add)
     pthread_mutex_lock(&s->lock);
     if (add) {
         ok = !s->down && s->nserve < STREAM_SERVE_MAX;
-        if (ok)
-            s->serve[s->nserve++] = fd;
+        if (ok) {
+            s->serve[s->nserve].fd = fd;
+            s->serve[s->nserve].cache_id = 0;
+            s->nserve++;
+        }
     } else {
         for (int i = 0; i < s->nserve; i++) {
-            if (s->serve[i] == fd) {
+            if (s->serve[i].fd == fd) {
                 s->serve[i] = s->serve[--s->nserve];
                 break;
             }
@@ -198,10 +215,41 @@ serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
                            llmdd__now_ms() + STREAM_STALL_MS);
 }
 
-static int
-serve_rw(llmdd *dd, int fd, uint16_t type, const uint8_t *buf, size_t len,
-         uint64_t *offs, uint64_t *lens)
+/*
+ * Says which cache the request on fd moves (0: none), for cache_removed.
+ * Set before the cache is looked up, so that a removal either happens first
+ * (the lookup fails) or finds the mark.
+ */
+static void
+serve_mark(llmdd__stream *s, int fd, int64_t cache_id)
 {
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->nserve; i++)
+        if (s->serve[i].fd == fd)
+            s->serve[i].cache_id = cache_id;
+    if (cache_id == 0)
+        pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * A request may move at most one tensor's worth of bytes per tensor: our
+ * requester never asks for more in one request (llmdd__stream_xfer splits
+ * larger plans), and without the bound one request of 1 MiB naming the
+ * same tensor 65,532 times asks for terabytes and pins the cache meanwhile.
+ * total is count * the run lengths' sum, checked for overflow by the decoder.
+ */
+static bool
+serve_bounded(const llmdd__cache *c, const llmdd__rw_req *req)
+{
+    return req->total / req->count <= c->tensor_size;
+}
+
+static int
+serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
+         size_t len, uint64_t *offs, uint64_t *lens)
+{
+    llmdd *dd = s->link->dd;
     llmdd__rw_req req = {.offs = offs, .lens = lens};
     llmdd__cache *c = NULL;
     uint8_t out[16];
@@ -211,8 +259,21 @@ serve_rw(llmdd *dd, int fd, uint16_t type, const uint8_t *buf, size_t len,
 
     if (llmdd__wire_rw_decode(buf, len, &req) != 0)
         return -1;
+    serve_mark(s, fd, req.cache_id);
     st = llmdd__cache_get_span(dd, req.cache_id, req.first, req.count, offs,
                                lens, req.nruns, &c);
+    if (st == LLM_SUCCESS && !serve_bounded(c, &req)) {
+        log_error("cluster %llu asked for %llu bytes of cache %lld in one "
+                  "request, more than its tensors hold; refused",
+                  (unsigned long long)s->link->peer.cluster_id,
+                  (unsigned long long)req.total, (long long)req.cache_id);
+        llmdd__cache_put(dd, c);
+        c = NULL;
+        st = LLM_PARAM_INVALID;
+        /* Draining such a WRITE's payload would cost more than the cache. */
+        if (type == WMSG_WRITE)
+            rc = -1;
+    }
     uint8_t *bases[1];
     seg_iter it = {.offs = offs, .lens = lens, .step = 1, .nruns = req.nruns};
     uint8_t **tb = NULL;
@@ -227,16 +288,20 @@ serve_rw(llmdd *dd, int fd, uint16_t type, const uint8_t *buf, size_t len,
             it.count = req.count;
         }
     }
-    int64_t stall = llmdd__now_ms() + STREAM_STALL_MS;
-    if (type == WMSG_READ) {
+    int64_t now = llmdd__now_ms(), stall = now + STREAM_STALL_MS;
+    /* The data's deadline: the stall limit plus its size at the floor. */
+    int64_t data = stall + (int64_t)(req.total / (STREAM_FLOOR_BPS / 1000));
+    if (rc != 0) {
+        /* Refused above; no byte moves. */
+    } else if (type == WMSG_READ) {
         n = llmdd__wire_read_reply_encode(st, st == LLM_SUCCESS ? req.total : 0,
                                           out, sizeof(out));
         rc = llmdd__send_msg(dd, fd, WMSG_READ_REPLY, out, n, stall);
         if (rc == 0 && st == LLM_SUCCESS)
-            rc = seg_io(dd, fd, &it, true, stall, STREAM_STALL_MS);
+            rc = seg_io(dd, fd, &it, true, data, STREAM_STALL_MS);
     } else {
         if (st == LLM_SUCCESS)
-            rc = seg_io(dd, fd, &it, false, stall, STREAM_STALL_MS);
+            rc = seg_io(dd, fd, &it, false, data, STREAM_STALL_MS);
         else
             rc = drain(dd, fd, req.total);
         if (rc == 0) {
@@ -247,6 +312,7 @@ serve_rw(llmdd *dd, int fd, uint16_t type, const uint8_t *buf, size_t len,
     }
     if (tb != bases)
         free(tb);
+    serve_mark(s, fd, 0);
     llmdd__cache_put(dd, c);
     return rc;
 }
@@ -276,7 +342,7 @@ serve_conn(llmdd__stream *s, int fd)
         if (type == WMSG_QUERY)
             rc = serve_query(dd, fd, buf, len);
         else if (type == WMSG_READ || type == WMSG_WRITE)
-            rc = serve_rw(dd, fd, type, buf, len, offs,
+            rc = serve_rw(s, fd, type, buf, len, offs,
                           offs + LLMDD_WIRE_MAX_RUNS);
         else
             rc = -1;
@@ -493,6 +559,26 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
     return LLM_SUCCESS;
 }
 
+/*
+ * How many runs from `first` on go in one request: at most max, and at most
+ * one remote tensor's worth of bytes (the serving side's bound). Only a plan
+ * with repeated blocks needs more than one request for that; each run lies
+ * inside the tensor, so every request gets at least one.
+ */
+static size_t
+chunk_runs(const llmdd__xfer *x, size_t first, size_t max)
+{
+    uint64_t sum = 0;
+    size_t n = 0;
+
+    while (first + n < x->nruns && n < max &&
+           (n == 0 || x->runs[first + n].len <= x->remote->tensor_size - sum)) {
+        sum += x->runs[first + n].len;
+        n++;
+    }
+    return n;
+}
+
 llmdd_status
 llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x)
 {
@@ -511,8 +597,8 @@ llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x)
     if ((fd = pool_take(s, x->deadline_ms, &st)) < 0)
         goto out;
     st = LLM_SUCCESS;
-    for (size_t i = 0; i < x->nruns && st == LLM_SUCCESS && ok; i += chunk) {
-        size_t n = x->nruns - i < chunk ? x->nruns - i : chunk;
+    for (size_t i = 0, n; i < x->nruns && st == LLM_SUCCESS && ok; i += n) {
+        n = chunk_runs(x, i, chunk);
         st = xfer_chunk(link, fd, x, x->runs + i, n, offs, offs + chunk, buf,
                         cap, &ok);
     }
@@ -593,6 +679,18 @@ rev_open(llmdd__stream *s, int64_t deadline)
     return 0;
 }
 
+/*
+ * Why a data connection of the link could not be opened: the link call's
+ * deadline passed (a connect or handshake that never finished), or the peer
+ * failed or refused it.
+ */
+static llmdd_status
+connect_status(const llmdd__link *link)
+{
+    return llmdd__now_ms() >= link->deadline_ms ? LLM_TIMEOUT
+                                                : LLM_LINK_FAILED;
+}
+
 llmdd_status
 llmdd__stream_connect(llmdd__stream *s)
 {
@@ -602,7 +700,7 @@ llmdd__stream_connect(llmdd__stream *s)
     for (int i = 0; i < s->nfwd; i++) {
         int fd = llmdd__data_connect(link, 0, link->deadline_ms);
         if (fd < 0)
-            return LLM_LINK_FAILED;
+            return connect_status(link);
         pthread_mutex_lock(&s->lock);
         s->nconns++;
         s->idle[s->nidle++] = fd;
@@ -610,7 +708,7 @@ llmdd__stream_connect(llmdd__stream *s)
     }
     for (int i = 0; i < s->nrev; i++)
         if (rev_open(s, link->deadline_ms) != 0)
-            return LLM_LINK_FAILED;
+            return connect_status(link);
     return LLM_SUCCESS;
 }
 
@@ -651,7 +749,7 @@ llmdd__stream_shutdown(llmdd__stream *s)
     pthread_mutex_lock(&s->lock);
     s->down = true;
     for (int i = 0; i < s->nserve; i++)
-        shutdown(s->serve[i], SHUT_RDWR);
+        shutdown(s->serve[i].fd, SHUT_RDWR);
     for (int i = 0; i < s->nbusy; i++)
         shutdown(s->busy[i], SHUT_RDWR);
     for (int i = 0; i < s->nidle; i++)
@@ -659,6 +757,43 @@ llmdd__stream_shutdown(llmdd__stream *s)
     s->nconns -= s->nidle;
     s->nidle = 0;
     pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Whether a request on one of our serving connections moves cache_id. */
+static bool
+serving(const llmdd__stream *s, int64_t cache_id)
+{
+    for (int i = 0; i < s->nserve; i++)
+        if (s->serve[i].cache_id == cache_id)
+            return true;
+    return false;
+}
+
+void
+llmdd__stream_cache_removed(llmdd__stream *s, const llmdd__cache *cache)
+{
+    llmdd *dd = s->link->dd;
+
+    pthread_mutex_lock(&dd->lock);
+    uint32_t wait_ms = dd->opts.wait_ms;
+    pthread_mutex_unlock(&dd->lock);
+    int64_t deadline = llmdd__now_ms() + wait_ms;
+
+    pthread_mutex_lock(&s->lock);
+    while (serving(s, cache->id) && llmdd__now_ms() < deadline)
+        llmdd__cond_wait_until(&s->cond, &s->lock, deadline);
+    /* Cut what is still at it: the serving thread fails out of its I/O and
+     * lets go of the cache, which the owner is waiting for. */
+    for (int i = 0; i < s->nserve; i++) {
+        if (s->serve[i].cache_id != cache->id)
+            continue;
+        log_warn("cluster %llu still moving cache %lld %u ms after it was "
+                 "removed; its data connection is cut",
+                 (unsigned long long)s->link->peer.cluster_id,
+                 (long long)cache->id, (unsigned)wait_ms);
+        shutdown(s->serve[i].fd, SHUT_RDWR);
+    }
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -36,8 +36,9 @@ llmdd__stream *llmdd__stream_new(llmdd__link *link, int nfwd, int nrev);
 /*
  * Client side: opens the FWD and REV connections by link->deadline_ms and
  * starts serving the REV ones (the serving threads hold link references).
- * LLM_LINK_FAILED when one cannot be opened; the data plane must then still
- * be shut down and freed.
+ * When one cannot be opened: LLM_TIMEOUT if the deadline passed meanwhile,
+ * else LLM_LINK_FAILED; the data plane must then still be shut down and
+ * freed.
  */
 llmdd_status llmdd__stream_connect(llmdd__stream *s);
 
@@ -56,6 +57,14 @@ void llmdd__stream_accept(llmdd__stream *s, int fd, uint32_t flags);
 
 /* Wakes every thread blocked on the data plane. NULL is ignored. */
 void llmdd__stream_shutdown(llmdd__stream *s);
+
+/*
+ * The owner removed `cache` (ops->cache_removed). A request our serving
+ * threads are answering from it gets llm.SyncKvCacheWaitTime to finish;
+ * then its connection is shut down, so that the thread lets go of the cache
+ * and the owner's deallocate does not wait on the peer. Returns by then.
+ */
+void llmdd__stream_cache_removed(llmdd__stream *s, const llmdd__cache *cache);
 
 /* Frees it once no thread uses it (the link's last reference is gone). */
 void llmdd__stream_free(llmdd__stream *s);

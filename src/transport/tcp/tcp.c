@@ -45,6 +45,12 @@ tcp_reopen(llmdd__link *link)
     llmdd__stream_reopen(link->tp);
 }
 
+static void
+tcp_cache_removed(llmdd__link *link, const llmdd__cache *cache)
+{
+    llmdd__stream_cache_removed(link->tp, cache);
+}
+
 static llmdd_status
 tcp_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
           llmdd__remote_cache *out)
@@ -75,5 +81,6 @@ const llmdd_transport_ops llmdd__tcp_ops = {
     .query = tcp_query,
     .remote_free = NULL,
     .xfer = tcp_xfer,
+    .cache_removed = tcp_cache_removed,
     .reopen = tcp_reopen,
 };
