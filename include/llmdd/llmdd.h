@@ -282,6 +282,81 @@ LLMDD_API const char *llmdd_transport_list(void);
 LLMDD_API const char *llmdd_transport_info(const char *name);
 
 /*
+ * Requests (0.2): posted transfers, notifications, layer streaming. The
+ * semantics are MODEL.md's "Requests"; docs/model.md has the decisions.
+ *
+ * A post runs every check of the synchronous call, in the same order, and
+ * returns its status without posting anything when one fails. A posted
+ * request is moved by the instance's worker threads; llmdd_request_wait
+ * returns its final status once done (LLM_WAIT_PROC_TIMEOUT while in
+ * flight). Requests must be freed with llmdd_request_free, also after
+ * llmdd_finalize or llmdd_destroy (which end them with LLM_FAILED).
+ * Thread-safe: a request may be waited on, cancelled and marked from several
+ * threads; free must not race other calls on the same request.
+ */
+typedef struct llmdd_request llmdd_request;
+
+#define LLMDD_XFER_LAYERWISE 0x1u /* push only: move a layer once marked */
+#define LLMDD_NOTIFY_MAX 1024     /* bytes in one notification */
+
+typedef struct {
+    uint32_t flags;         /* LLMDD_XFER_* */
+    const void *notify;     /* optional: delivered to the peer after every
+                               byte landed */
+    size_t notify_len;      /* 0..LLMDD_NOTIFY_MAX */
+} llmdd_xfer_opts;          /* NULL = flags 0, no notification */
+
+LLMDD_API llmdd_status llmdd_pull_kv_cache_async(
+    llmdd *dd, const llmdd_cache_index *src_cache_index,
+    const llmdd_cache *dst_cache, uint32_t batch_index, int64_t size,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+LLMDD_API llmdd_status llmdd_pull_kv_blocks_async(
+    llmdd *dd, const llmdd_cache_index *src_cache_index,
+    const llmdd_cache *dst_cache, const uint64_t *src_blocks,
+    const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+LLMDD_API llmdd_status llmdd_push_kv_cache_async(
+    llmdd *dd, const llmdd_cache *src_cache,
+    const llmdd_cache_index *dst_cache_index, uint32_t src_batch_index,
+    int64_t size, const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+LLMDD_API llmdd_status llmdd_push_kv_blocks_async(
+    llmdd *dd, const llmdd_cache *src_cache,
+    const llmdd_cache_index *dst_cache_index, const uint64_t *src_blocks,
+    const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+
+/* timeout_ms: 0 tests, -1 waits until done, > 0 waits up to that long. */
+LLMDD_API llmdd_status llmdd_request_wait(llmdd_request *req,
+                                          int32_t timeout_ms);
+/* Returns once no byte of the transfer will be read or written any more. */
+LLMDD_API llmdd_status llmdd_request_cancel(llmdd_request *req);
+LLMDD_API llmdd_status llmdd_request_layer_ready(llmdd_request *req,
+                                                 uint32_t layer);
+LLMDD_API void llmdd_request_free(llmdd_request *req); /* cancels; NULL ok */
+
+typedef struct {
+    uint64_t cluster_id; /* the sender */
+    size_t len;
+    unsigned char msg[LLMDD_NOTIFY_MAX];
+} llmdd_notify;
+
+/* Ordered after every transfer this instance completed earlier on that
+ * link. */
+LLMDD_API llmdd_status llmdd_send_notify(llmdd *dd, uint64_t cluster_id,
+                                         const void *msg, size_t len);
+/* Never blocks: moves up to cap received notifications to out, oldest
+ * first. */
+LLMDD_API llmdd_status llmdd_get_notifies(llmdd *dd, llmdd_notify *out,
+                                          size_t cap, size_t *count_out);
+/* Readable while notifications wait; owned by the instance until finalize;
+ * -1 when not initialized. */
+LLMDD_API int llmdd_notify_fd(llmdd *dd);
+
+/*
  * Cache keys (0.2): a name of 1..LLMDD_KEY_MAX raw bytes for one batch slot
  * of a local cache, so that a linked peer finds it without knowing ids (the
  * reference's CacheKey and BlocksCacheKey). Keys belong to the instance;

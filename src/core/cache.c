@@ -269,6 +269,11 @@ cache_remove(llmdd *dd, int64_t id, bool want_allocated)
     dd->ncaches--;
     c->dead = true;
     llmdd__keys_drop_cache(dd, id);
+    /* Posted requests on it end now (a layer-wise one may wait forever for
+     * its marks); the references they hold are waited out below. */
+    pthread_mutex_unlock(&dd->lock);
+    llmdd__requests_cache_removed(dd, c);
+    pthread_mutex_lock(&dd->lock);
     notify_links(dd, c);
     /* Transfers hold references only for bounded I/O; wait them out so the
      * memory is never touched after we return. */

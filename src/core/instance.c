@@ -159,6 +159,15 @@ llmdd__ready(llmdd *dd)
     return ok ? LLM_SUCCESS : LLM_FAILED;
 }
 
+uint32_t
+llmdd__wait_ms(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    uint32_t ms = dd->opts.wait_ms;
+    pthread_mutex_unlock(&dd->lock);
+    return ms;
+}
+
 static bool
 role_valid(llmdd_role role)
 {
@@ -247,8 +256,10 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
         st = LLM_FAILED;
         goto err_pool;
     }
-    if ((st = llmdd__ctrl_start(dd)) != LLM_SUCCESS)
+    if ((st = llmdd__notify_init(dd)) != LLM_SUCCESS)
         goto err_stop_fd;
+    if ((st = llmdd__ctrl_start(dd)) != LLM_SUCCESS)
+        goto err_notify;
     if (dd->opts.listen && (st = llmdd__listen_start(dd)) != LLM_SUCCESS)
         goto err_ctrl;
 
@@ -263,6 +274,8 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
 
 err_ctrl:
     llmdd__ctrl_stop(dd);
+err_notify:
+    llmdd__notify_fini(dd);
 err_stop_fd:
     close(dd->stop_fd);
     dd->stop_fd = -1;
@@ -293,6 +306,7 @@ llmdd_finalize(llmdd *dd)
     instances_remove(dd);
     uint64_t one = 1;
     (void)!write(dd->stop_fd, &one, sizeof(one));
+    llmdd__requests_fini(dd);
     llmdd__listen_stop(dd);
     llmdd__links_fini(dd);
     llmdd__ctrl_stop(dd);
@@ -302,6 +316,7 @@ llmdd_finalize(llmdd *dd)
         pthread_cond_wait(&dd->cond, &dd->lock);
     llmdd__caches_fini(dd);
     pthread_mutex_unlock(&dd->lock);
+    llmdd__notify_fini(dd);
     close(dd->stop_fd);
     dd->stop_fd = -1;
 }

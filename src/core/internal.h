@@ -10,6 +10,7 @@
 
 #include <llmdd/llmdd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "core/layout.h"
 #include "core/log.h"
@@ -20,7 +21,7 @@
 #define LLMDD_BOOT_ID_LEN 16
 #define LLMDD_TOKEN_LEN 16
 /* The largest control message a link carries (ctrl.c). */
-#define LLMDD_CTRL_MSG_MAX 256
+#define LLMDD_CTRL_MSG_MAX 1040 /* a notification and its header */
 #define LLMDD_CTRL_FRAME_MAX (12 + LLMDD_CTRL_MSG_MAX)
 
 /* Backing memory of an allocated cache: a range of a memfd mapping. */
@@ -82,6 +83,7 @@ typedef struct llmdd__link {
     bool dead;
     bool unlink_acked;
     bool reopening; /* a reopen job runs: the peer cannot spawn more */
+    bool rx_paused; /* the notification queue is full: not read for now */
     struct llmdd__key_wait *key_waits; /* our KEY_QUERYs awaiting replies */
     uint64_t key_seq;
     struct llmdd__link *next;
@@ -115,6 +117,8 @@ struct llmdd {
     int64_t next_cache_id;
     llmdd__pool *host_pool;
     struct llmdd__keys *keys; /* cache keys (keys.c); NULL until the first */
+    struct llmdd__reqs *reqs; /* requests (request.c); NULL until the first */
+    struct llmdd__notifies *notifies; /* received (notify.c); from init */
 
     llmdd__link *links;
     llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
@@ -131,8 +135,24 @@ int llmdd__random(void *buf, size_t len);
 const uint8_t *llmdd__boot_id(void);
 
 /*
- * Waits until fd is ready for `events`, the deadline passes, or the instance
- * stops. Returns 1 when ready, 0 on timeout, -1 when stopping or on error.
+ * The cancellation of the request whose transfer this thread runs
+ * (request.c sets it around ops->xfer). Every llmdd__wait_fd on the thread
+ * also wakes when fd becomes readable, so a transport blocked on a socket
+ * gives up at once; llmdd__cancelled() tells that cause apart from a lost
+ * peer, so the transport discards the connection but keeps the link.
+ */
+typedef struct {
+    int fd; /* eventfd, readable once cancelled */
+    atomic_bool flag;
+} llmdd__cancel;
+extern _Thread_local const llmdd__cancel *llmdd__tls_cancel;
+bool llmdd__cancelled(void);
+
+/*
+ * Waits until fd is ready for `events`, the deadline passes, the instance
+ * stops or this thread's request is cancelled. Returns 1 when ready, 0 on
+ * timeout, -1 when stopping, cancelled or on error. A negative stop_fd is
+ * ignored (poll skips it).
  */
 int llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms);
 /* Full read/write with a deadline; 0 on success, -1 otherwise. */
@@ -156,6 +176,50 @@ int llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg);
 
 /* LLM_SUCCESS when dd is initialized, else LLM_FAILED; takes dd->lock. */
 llmdd_status llmdd__ready(llmdd *dd);
+/* llm.SyncKvCacheWaitTime in ms; takes dd->lock. */
+uint32_t llmdd__wait_ms(llmdd *dd);
+
+/*
+ * Requests (request.c). A plan is a validated transfer with its references
+ * (link, local cache, remote cache) and its arrays (x.local, x.runs, both
+ * malloc'd); submitting hands all of them over, whatever the outcome.
+ * req_out NULL: runs it on the calling thread and returns its status (the
+ * synchronous calls); else posts it to the workers.
+ */
+typedef struct {
+    llmdd__link *link;
+    llmdd__cache *lc;
+    llmdd__remote_cache *rc;
+    llmdd__xfer x;
+    uint32_t flags; /* LLMDD_XFER_* */
+    uint32_t tnpl;  /* tensors a layer, for LLMDD_XFER_LAYERWISE */
+    const void *notify;
+    size_t notify_len;
+} llmdd__request_plan;
+llmdd_status llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
+                                   llmdd_request **req_out);
+/* Posted requests on a link that went down end with LLM_NOT_YET_LINK. */
+void llmdd__requests_link_down(llmdd *dd, const llmdd__link *link);
+/* Posted requests on a cache being removed end with LLM_KV_CACHE_NOT_EXIST;
+ * no lock of dd held. */
+void llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache);
+/* Finalize: ends every request, stops the workers, detaches the requests. */
+void llmdd__requests_fini(llmdd *dd);
+
+/*
+ * Notifications (notify.c, ctrl.c). llmdd__notify_send sends one to the
+ * link's peer on its control connection, after everything this instance
+ * completed on the link; llmdd__notify_received queues one that arrived
+ * (control thread): false when the queue is full, and the control thread
+ * then stops reading that link until llmdd_get_notifies makes room.
+ */
+llmdd_status llmdd__notify_send(llmdd__link *link, const void *msg,
+                                size_t len, int64_t deadline_ms);
+bool llmdd__notify_received(llmdd *dd, uint64_t cluster_id, const void *msg,
+                            size_t len);
+bool llmdd__notify_full(llmdd *dd);
+llmdd_status llmdd__notify_init(llmdd *dd);
+void llmdd__notify_fini(llmdd *dd);
 
 /* Cache keys (keys.c). */
 /* Takes dd->lock. Whether `key` is bound, and to what. */
@@ -229,6 +293,8 @@ void llmdd__ctrl_stop(llmdd *dd);
 llmdd_status llmdd__listen_start(llmdd *dd); /* per dd->opts */
 void llmdd__listen_stop(llmdd *dd);
 void llmdd__ctrl_wake(llmdd *dd); /* the link table changed */
+/* Links paused for a full notification queue read again. */
+void llmdd__ctrl_resume_links(llmdd *dd);
 void llmdd__links_fini(llmdd *dd);
 
 #endif

@@ -13,6 +13,9 @@ enum xfer_kind { KIND_CACHE, KIND_BLOCKS };
 typedef struct {
     enum xfer_kind kind;
     bool write; /* push */
+    bool post;  /* an _async call: req_out and opts apply */
+    const llmdd_xfer_opts *opts;
+    llmdd_request **req_out;
     const llmdd_cache_index *remote_index;
     const llmdd_cache *local_cache;
     const llmdd_kv_ext_param *ext;
@@ -51,17 +54,6 @@ role_may(llmdd *dd, bool write)
     return write ? r == LLMDD_ROLE_PROMPT : r == LLMDD_ROLE_DECODER;
 }
 
-static uint32_t
-wait_ms(llmdd *dd)
-{
-    uint32_t ms;
-
-    pthread_mutex_lock(&dd->lock);
-    ms = dd->opts.wait_ms;
-    pthread_mutex_unlock(&dd->lock);
-    return ms;
-}
-
 /* The call's own arguments, before any cache is looked up. */
 static llmdd_status
 check_args(llmdd *dd, const xfer_args *a)
@@ -78,15 +70,36 @@ check_args(llmdd *dd, const xfer_args *a)
     }
     if (a->ext != NULL && llmdd__ext_check_shape(a->ext) != LLM_SUCCESS)
         return LLM_PARAM_INVALID;
+    if (a->post) {
+        const llmdd_xfer_opts *o = a->opts;
+        if (a->req_out == NULL)
+            return LLM_PARAM_INVALID;
+        if (o != NULL && ((o->flags & ~LLMDD_XFER_LAYERWISE) != 0 ||
+                          ((o->flags & LLMDD_XFER_LAYERWISE) && !a->write) ||
+                          o->notify_len > LLMDD_NOTIFY_MAX ||
+                          (o->notify == NULL && o->notify_len > 0)))
+            return LLM_PARAM_INVALID;
+    }
     if (a->remote_index->cluster_id == dd->cluster_id)
         return LLM_PARAM_INVALID;
     return LLM_SUCCESS;
 }
 
+static bool
+layerwise(const xfer_args *a)
+{
+    return a->opts != NULL && (a->opts->flags & LLMDD_XFER_LAYERWISE) != 0;
+}
+
+static uint32_t
+layer_tensors(const xfer_args *a)
+{
+    return a->ext != NULL ? a->ext->tensor_num_per_layer : 2;
+}
+
 /* Local indices and ranges. The local side is the destination of a pull. */
 static llmdd_status
-check_local(const xfer_args *a, const llmdd__cache *c,
-            llmdd__tensor_span *span)
+check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
 {
     if (a->kind == KIND_CACHE) {
         if ((int64_t)a->local_batch >= c->desc.shape[0])
@@ -94,11 +107,15 @@ check_local(const xfer_args *a, const llmdd__cache *c,
         if (a->size > 0 && (uint64_t)a->size > c->stride)
             return LLM_PARAM_INVALID;
     } else if (llmdd__blocks_check(a->local_blocks, a->nblocks,
-                                   (uint64_t)c->desc.shape[0]) !=
-               LLM_SUCCESS) {
+                                   (uint64_t)c->desc.shape[0]) != LLM_SUCCESS) {
         return LLM_PARAM_INVALID;
     }
-    return llmdd__range_resolve(a->ext, a->write, c->desc.num_tensors, span);
+    llmdd_status st =
+        llmdd__range_resolve(a->ext, a->write, c->desc.num_tensors, span);
+    /* Layer-wise (a push): the layers are the source range's, whole. */
+    if (st == LLM_SUCCESS && layerwise(a) && span->count % layer_tensors(a))
+        return LLM_PARAM_INVALID;
+    return st;
 }
 
 static llmdd_status
@@ -166,6 +183,10 @@ plan_runs(const xfer_args *a, const llmdd__cache *lc,
     return LLM_SUCCESS;
 }
 
+/*
+ * Every pull and push, synchronous or posted: the checks of MODEL.md in
+ * their order, then a plan that request.c runs now or posts.
+ */
 static llmdd_status
 remote_xfer(llmdd *dd, const xfer_args *a)
 {
@@ -181,13 +202,12 @@ remote_xfer(llmdd *dd, const xfer_args *a)
     if ((st = instance_ready(dd)) != LLM_SUCCESS)
         return st;
     if (!role_may(dd, a->write)) {
-        log_error("%s: not allowed for this role",
-                  a->write ? "push" : "pull");
+        log_error("%s: not allowed for this role", a->write ? "push" : "pull");
         return LLM_PARAM_INVALID;
     }
     if ((st = check_args(dd, a)) != LLM_SUCCESS)
         return st;
-    int64_t deadline = llmdd__now_ms() + wait_ms(dd);
+    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(dd);
 
     lc = llmdd__cache_get(dd, a->local_cache->cache_id);
     if (lc == NULL)
@@ -209,28 +229,33 @@ remote_xfer(llmdd *dd, const xfer_args *a)
         goto out_remote;
     local = malloc(lspan.count * sizeof(*local));
     if (local == NULL) {
+        free(runs);
         st = LLM_OUT_OF_MEMORY;
-        goto out_runs;
+        goto out_remote;
     }
     for (uint32_t i = 0; i < lspan.count; i++)
         local[i] = (uint8_t *)(uintptr_t)lc->addrs[lspan.first + i];
 
-    llmdd__xfer x = {
-        .write = a->write,
-        .remote = rc,
-        .remote_first = rspan.first,
-        .count = rspan.count,
-        .local = local,
-        .runs = runs,
-        .nruns = nruns,
-        .deadline_ms = deadline,
+    llmdd__request_plan p = {
+        .link = link,
+        .lc = lc,
+        .rc = rc,
+        .x = {.write = a->write,
+              .remote = rc,
+              .remote_first = rspan.first,
+              .count = rspan.count,
+              .local = local,
+              .runs = runs,
+              .nruns = nruns,
+              .deadline_ms = deadline},
+        .flags = a->opts != NULL ? a->opts->flags : 0,
+        .tnpl = layer_tensors(a),
+        .notify = a->opts != NULL ? a->opts->notify : NULL,
+        .notify_len = a->opts != NULL ? a->opts->notify_len : 0,
     };
-    st = link->ops->xfer(link, &x);
-    if (st == LLM_KV_CACHE_NOT_EXIST)
-        llmdd__link_forget(link, rc->id);
-    free(local);
-out_runs:
-    free(runs);
+    /* The plan's references and arrays are the request's now. */
+    return llmdd__request_submit(dd, &p, a->post ? a->req_out : NULL);
+
 out_remote:
     llmdd__link_remote_put(link, rc);
 out_link:
@@ -303,6 +328,87 @@ llmdd_push_kv_blocks(llmdd *dd, const llmdd_cache *src_cache,
     return remote_xfer(dd, &a);
 }
 
+llmdd_status
+llmdd_pull_kv_cache_async(llmdd *dd, const llmdd_cache_index *src_cache_index,
+                          const llmdd_cache *dst_cache, uint32_t batch_index,
+                          int64_t size, const llmdd_kv_ext_param *ext,
+                          const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_CACHE,
+                   .post = true,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = src_cache_index,
+                   .local_cache = dst_cache,
+                   .ext = ext,
+                   .local_batch = batch_index,
+                   .size = size};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_pull_kv_blocks_async(llmdd *dd, const llmdd_cache_index *src_cache_index,
+                           const llmdd_cache *dst_cache,
+                           const uint64_t *src_blocks,
+                           const uint64_t *dst_blocks, size_t num_blocks,
+                           const llmdd_kv_ext_param *ext,
+                           const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_BLOCKS,
+                   .post = true,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = src_cache_index,
+                   .local_cache = dst_cache,
+                   .ext = ext,
+                   .local_blocks = dst_blocks,
+                   .remote_blocks = src_blocks,
+                   .nblocks = num_blocks};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_push_kv_cache_async(llmdd *dd, const llmdd_cache *src_cache,
+                          const llmdd_cache_index *dst_cache_index,
+                          uint32_t src_batch_index, int64_t size,
+                          const llmdd_kv_ext_param *ext,
+                          const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_CACHE,
+                   .write = true,
+                   .post = true,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = dst_cache_index,
+                   .local_cache = src_cache,
+                   .ext = ext,
+                   .local_batch = src_batch_index,
+                   .size = size};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_push_kv_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
+                           const llmdd_cache_index *dst_cache_index,
+                           const uint64_t *src_blocks,
+                           const uint64_t *dst_blocks, size_t num_blocks,
+                           const llmdd_kv_ext_param *ext,
+                           const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_BLOCKS,
+                   .write = true,
+                   .post = true,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = dst_cache_index,
+                   .local_cache = src_cache,
+                   .ext = ext,
+                   .local_blocks = src_blocks,
+                   .remote_blocks = dst_blocks,
+                   .nblocks = num_blocks};
+    return remote_xfer(dd, &a);
+}
+
 /* Local copies: both caches looked up, referenced for the copy. */
 static llmdd_status
 copy_get(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
@@ -351,8 +457,8 @@ llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
         return st;
     st = LLM_PARAM_INVALID;
     if ((int64_t)src_batch_index >= s->desc.shape[0] ||
-        (int64_t)dst_batch_index >= d->desc.shape[0] ||
-        offset >= s->stride || offset >= d->stride)
+        (int64_t)dst_batch_index >= d->desc.shape[0] || offset >= s->stride ||
+        offset >= d->stride)
         goto out;
     uint64_t len = size > 0 ? (uint64_t)size : s->stride - offset;
     if (len > s->stride - offset || len > d->stride - offset)

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
@@ -88,17 +89,29 @@ llmdd__boot_id(void)
     return boot_id;
 }
 
+_Thread_local const llmdd__cancel *llmdd__tls_cancel;
+
+bool
+llmdd__cancelled(void)
+{
+    const llmdd__cancel *c = llmdd__tls_cancel;
+
+    return c != NULL && atomic_load(&c->flag);
+}
+
 int
 llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms)
 {
+    const llmdd__cancel *c = llmdd__tls_cancel;
+
     for (;;) {
-        struct pollfd p[2] = {{.fd = fd, .events = events},
-                              {.fd = dd->stop_fd, .events = POLLIN}};
+        struct pollfd p[3] = {{.fd = fd, .events = events},
+                              {.fd = dd->stop_fd, .events = POLLIN},
+                              {.fd = c != NULL ? c->fd : -1, .events = POLLIN}};
         int64_t left = deadline_ms - llmdd__now_ms();
         if (left <= 0)
             return 0;
-        int n = poll(p, dd->stop_fd >= 0 ? 2 : 1,
-                     left > 60000 ? 60000 : (int)left);
+        int n = poll(p, 3, left > 60000 ? 60000 : (int)left);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -106,8 +119,8 @@ llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms)
         }
         if (n == 0)
             continue;
-        if (dd->stop_fd >= 0 && p[1].revents != 0)
-            return -1;
+        if (p[1].revents != 0 || p[2].revents != 0)
+            return -1; /* stopping, or this thread's request was cancelled */
         if (p[0].revents & (events | POLLERR | POLLHUP | POLLNVAL))
             return 1;
     }

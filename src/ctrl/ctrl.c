@@ -199,6 +199,7 @@ llmdd__link_drop(llmdd__link *link, const char *why)
              (unsigned long long)link->peer.cluster_id, why);
     shutdown(link->ctrl_fd, SHUT_RDWR);
     link->ops->link_shutdown(link);
+    llmdd__requests_link_down(dd, link);
     llmdd__ctrl_wake(dd);
     llmdd__link_put(link); /* the table's reference */
 }
@@ -701,7 +702,10 @@ llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
     return st;
 }
 
-/* Handles one control message of a link; false when the link was dropped. */
+/*
+ * Handles one control message of a link; false when the link was dropped
+ * or paused, and no more of its messages are to be read now.
+ */
 static bool
 ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
               size_t len)
@@ -741,6 +745,26 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
         pthread_cond_broadcast(&dd->cond);
         pthread_mutex_unlock(&dd->lock);
         return true;
+    case WMSG_NOTIFY:
+        if (len > LLMDD_NOTIFY_MAX) {
+            llmdd__link_drop(link, "oversized notification");
+            return false;
+        }
+        if (!llmdd__notify_received(dd, link->peer.cluster_id, buf, len)) {
+            log_error("cluster %llu: no memory for a notification",
+                      (unsigned long long)link->peer.cluster_id);
+            llmdd__link_drop(link, "notification lost: out of memory");
+            return false;
+        }
+        if (llmdd__notify_full(dd)) {
+            /* Backpressure, never loss: read this link again once the
+             * application drains the queue (llmdd__ctrl_resume_links). */
+            pthread_mutex_lock(&dd->lock);
+            link->rx_paused = true;
+            pthread_mutex_unlock(&dd->lock);
+            return false;
+        }
+        return true;
     case WMSG_KEY_QUERY:
         return key_serve(dd, link, buf, len);
     case WMSG_KEY_REPLY:
@@ -765,6 +789,66 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link)
             return;
     if (rc < 0)
         llmdd__link_drop(link, "peer closed the control connection");
+}
+
+/*
+ * A link that was paused holds frames it had read: after a wake, its
+ * buffer is worked off without waiting for the socket.
+ */
+static bool
+resumed(llmdd *dd, llmdd__link *link)
+{
+    pthread_mutex_lock(&dd->lock);
+    bool go = !link->rx_paused && !link->dead;
+    pthread_mutex_unlock(&dd->lock);
+    return go && link->ctrl_rx_len > 0;
+}
+
+void
+llmdd__ctrl_resume_links(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+        l->rx_paused = false;
+    pthread_mutex_unlock(&dd->lock);
+    llmdd__ctrl_wake(dd);
+}
+
+llmdd_status
+llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
+                   int64_t deadline_ms)
+{
+    pthread_mutex_lock(&link->wlock);
+    int rc = llmdd__send_msg(link->dd, link->ctrl_fd, WMSG_NOTIFY, msg, len,
+                             deadline_ms);
+    pthread_mutex_unlock(&link->wlock);
+    if (rc == 0)
+        return LLM_SUCCESS;
+    /* Part of a frame may have gone out: the connection is unusable. */
+    bool late = llmdd__now_ms() >= deadline_ms;
+    llmdd__link_drop(link, late ? "notification not taken in time"
+                                : "notification not sent");
+    return late ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
+}
+
+llmdd_status
+llmdd_send_notify(llmdd *dd, uint64_t cluster_id, const void *msg, size_t len)
+{
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (len > LLMDD_NOTIFY_MAX || (msg == NULL && len > 0))
+        return LLM_PARAM_INVALID;
+    llmdd__link *link = llmdd__link_get(dd, cluster_id);
+    if (link == NULL)
+        return LLM_NOT_YET_LINK;
+    st = llmdd__notify_send(link, msg, len,
+                            llmdd__now_ms() + llmdd__wait_ms(dd));
+    llmdd__link_put(link);
+    return st;
 }
 
 static void *
@@ -818,7 +902,8 @@ ctrl_main(void *arg)
         for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
             l->refs++;
             links[nlinks++] = l;
-            pfd[n++] = (struct pollfd){.fd = l->ctrl_fd, .events = POLLIN};
+            pfd[n++] = (struct pollfd){.fd = l->rx_paused ? -1 : l->ctrl_fd,
+                                       .events = POLLIN};
         }
         pthread_mutex_unlock(&dd->lock);
 
@@ -830,7 +915,7 @@ ctrl_main(void *arg)
             if (lfd >= 0 && (pfd[1].revents & POLLIN))
                 ctrl_accept(dd, lfd);
             for (size_t i = 0; i < nlinks; i++)
-                if (pfd[2 + i].revents != 0)
+                if (pfd[2 + i].revents != 0 || resumed(dd, links[i]))
                     ctrl_link_readable(dd, links[i]);
         }
         for (size_t i = 0; i < nlinks; i++)

@@ -31,6 +31,7 @@ enum llmdd__msg_type {
     WMSG_REOPEN = 12,
     WMSG_KEY_QUERY = 13, /* control connection: a cache key lookup */
     WMSG_KEY_REPLY = 14,
+    WMSG_NOTIFY = 15, /* control connection: raw bytes, 0..LLMDD_NOTIFY_MAX */
     WMSG_QUERY = 20,
     WMSG_QUERY_REPLY = 21,
     WMSG_READ = 22,

@@ -449,6 +449,10 @@ pool_give(llmdd__stream *s, int fd, bool ok)
 static llmdd_status
 io_status(llmdd__link *link, int64_t deadline)
 {
+    /* A cancelled request: the connection goes (its stream position is
+     * unknown), the link stays. */
+    if (llmdd__cancelled())
+        return LLM_FAILED;
     if (llmdd__now_ms() >= deadline)
         return LLM_TIMEOUT;
     llmdd__link_drop(link, "data connection lost");
