@@ -9,6 +9,8 @@
  * peer_helper process. The remote caches are read back with a full pull of
  * all blocks and compared with the model after every test.
  */
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -601,6 +603,303 @@ test_cache_keys(void **state)
     verify_all();
 }
 
+/* ---- Requests (0.2): the same transfers posted. ---- */
+
+/*
+ * The notifications the peer received within timeout_ms, as
+ * " <sender>:<message>" each after "OK <n>" (peer_helper's format).
+ */
+static void
+peer_notifies(char *out, size_t cap, int timeout_ms)
+{
+    if (proc_mode) {
+        char cmd[32];
+        snprintf(cmd, sizeof(cmd), "notifies %d", timeout_ms);
+        assert_int_equal(th_proc_cmd(&proc, cmd, out, cap), 0);
+        return;
+    }
+    llmdd_notify got[16];
+    struct pollfd p = {.fd = llmdd_notify_fd(peer), .events = POLLIN};
+    size_t n = 0, off;
+    if (poll(&p, 1, timeout_ms) == 1)
+        assert_int_equal(llmdd_get_notifies(peer, got, 16, &n), LLM_SUCCESS);
+    off = (size_t)snprintf(out, cap, "OK %zu", n);
+    for (size_t i = 0; i < n && off < cap; i++)
+        off += (size_t)snprintf(out + off, cap - off, " %llu:%.*s",
+                                (unsigned long long)got[i].cluster_id,
+                                (int)got[i].len, (const char *)got[i].msg);
+}
+
+static void
+test_async_pulls(void **state)
+{
+    enum { N = 24 };
+    llmdd_request *req[N];
+    uint64_t sb[N], db[N];
+    llmdd_cache_index bidx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    /* Many in flight at once: single blocks, scattered both ways. */
+    for (int i = 0; i < N; i++) {
+        sb[i] = (uint64_t)(i * 7 + 3) % 64;
+        db[i] = (uint64_t)(63 - i * 2);
+        assert_int_equal(llmdd_pull_kv_blocks_async(dd, &bidx, &l_blocks,
+                                                    &sb[i], &db[i], 1, NULL,
+                                                    NULL, &req[i]),
+                         LLM_SUCCESS);
+    }
+    llmdd_cache_index kidx = {PEER, ids.kv, 1};
+    llmdd_request *slot;
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &kidx, &l_kv, 3, -1, NULL,
+                                               NULL, &slot),
+                     LLM_SUCCESS);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(llmdd_request_wait(req[i], -1), LLM_SUCCESS);
+        /* Done stays done: the status is kept. */
+        assert_int_equal(llmdd_request_wait(req[i], 0), LLM_SUCCESS);
+        llmdd_request_free(req[i]);
+    }
+    assert_int_equal(llmdd_request_wait(slot, 5000), LLM_SUCCESS);
+    llmdd_request_free(slot);
+    model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, N);
+    model_copy(&m_kv, &r_kv, 0, 0, NT, 3 * 1024, 1 * 1024, 1024);
+    verify_all();
+}
+
+static void
+test_async_push_with_notification(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 2};
+    llmdd_xfer_opts o = {.notify = "slot-2-landed", .notify_len = 13};
+    llmdd_request *req;
+    char got[512];
+
+    (void)state;
+    peer_notifies(got, sizeof(got), 0); /* nothing left from before */
+    assert_string_equal(got, "OK 0");
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL,
+                                               &o, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    model_copy(&r_kv, &m_kv, 0, 0, NT, 2 * 1024, 0, 1024);
+    peer_notifies(got, sizeof(got), 5000);
+    assert_string_equal(got, "OK 1 2:slot-2-landed");
+    verify_all();
+
+    /* A pull's notification goes to the source, once the bytes landed. */
+    llmdd_xfer_opts po = {.notify = "pulled", .notify_len = 6};
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 1, -1, NULL,
+                                               &po, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    model_copy(&m_kv, &r_kv, 0, 0, NT, 1 * 1024, 2 * 1024, 1024);
+    peer_notifies(got, sizeof(got), 5000);
+    assert_string_equal(got, "OK 1 2:pulled");
+
+    /* Plain notifications: in order, each once. */
+    for (int i = 0; i < 5; i++) {
+        char m[8];
+        snprintf(m, sizeof(m), "n%d", i);
+        assert_int_equal(llmdd_send_notify(dd, PEER, m, strlen(m)),
+                         LLM_SUCCESS);
+    }
+    char all[512] = "OK 0";
+    for (int tries = 0; tries < 50 && strcmp(all, "OK 5 2:n0 2:n1 2:n2 2:n3 "
+                                                  "2:n4") != 0;
+         tries++) {
+        /* They may arrive over several reads; gather them. */
+        int have = atoi(all + 3);
+        peer_notifies(got, sizeof(got), 2000);
+        int more = atoi(got + 3);
+        char *rest = strchr(got + 3, ' ');
+        snprintf(all, sizeof(all), "OK %d%s%s", have + more,
+                 strchr(all + 3, ' ') ? strchr(all + 3, ' ') : "",
+                 rest ? rest : "");
+        if (more == 0)
+            break;
+    }
+    assert_string_equal(all, "OK 5 2:n0 2:n1 2:n2 2:n3 2:n4");
+    verify_all();
+}
+
+static void
+test_async_layerwise_push(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 0};
+    llmdd_xfer_opts o = {.flags = LLMDD_XFER_LAYERWISE,
+                         .notify = "all-layers",
+                         .notify_len = 10};
+    llmdd_request *req;
+    char got[256];
+
+    (void)state;
+    /* 8 tensors, 2 a layer: layers 0..3, marked out of order. */
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 3, -1, NULL,
+                                               &o, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 4), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_request_layer_ready(req, 2), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 2), LLM_SUCCESS);
+    /* Two layers are not marked: it cannot be done, and never times out. */
+    assert_int_equal(llmdd_request_wait(req, 50), LLM_WAIT_PROC_TIMEOUT);
+    peer_notifies(got, sizeof(got), 0);
+    assert_string_equal(got, "OK 0");
+    assert_int_equal(llmdd_request_layer_ready(req, 3), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 1), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    model_copy(&r_kv, &m_kv, 0, 0, NT, 0, 3 * 1024, 1024);
+    peer_notifies(got, sizeof(got), 5000);
+    assert_string_equal(got, "OK 1 2:all-layers");
+    verify_all();
+
+    /* Cancelled with two layers marked: the unmarked ones never move. */
+    llmdd_kv_ext_param ext = {{1, 3}, {1, 3}, 2};
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 1, -1, &ext,
+                                               &o, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 3), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_cancel(req), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_cancel(req), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, 0), LLM_FAILED);
+    llmdd_request_free(req);
+    /* Marked: source layer 0 of the range, local tensors 2,3 slot 1, to
+     * remote tensors 2,3 slot 0. It moved whole or not at all; the
+     * unmarked layers (tensors 4..7) never moved. */
+    uint64_t all[4] = {0, 1, 2, 3};
+    llmdd_cache_index back = {PEER, ids.kv, 0};
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &back, &s_kv, all, all, 4,
+                                          NULL),
+                     LLM_SUCCESS);
+    const uint8_t *t2 = (const uint8_t *)(uintptr_t)s_kv.tensor_addrs[2];
+    bool moved = memcmp(t2, m_kv.t[2] + 1024, 1024) == 0;
+    if (moved)
+        model_copy(&r_kv, &m_kv, 2, 2, 2, 0, 1024, 1024);
+    printf("cancelled layer-wise push: marked layer %s\n",
+           moved ? "moved" : "did not move");
+    verify_all();
+}
+
+static void
+test_async_bad_arguments(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 0};
+    llmdd_request *req = (llmdd_request *)(uintptr_t)0x1;
+    llmdd_xfer_opts lw = {.flags = LLMDD_XFER_LAYERWISE};
+    llmdd_xfer_opts nullmsg = {.notify = NULL, .notify_len = 4};
+    llmdd_xfer_opts big = {.notify = "x", .notify_len = LLMDD_NOTIFY_MAX + 1};
+    llmdd_xfer_opts flag = {.flags = 0x2};
+    llmdd_kv_ext_param three = {{-1, -1}, {-1, -1}, 3};
+    uint64_t b = 0;
+
+    (void)state;
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL,
+                                               NULL, NULL),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL,
+                                               &lw, &req),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_blocks_async(dd, &idx, &l_kv, &b, &b, 1,
+                                                NULL, &nullmsg, &req),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL,
+                                               &big, &req),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_blocks_async(dd, &l_kv, &idx, &b, &b, 1,
+                                                NULL, &flag, &req),
+                     LLM_PARAM_INVALID);
+    /* 8 tensors are not whole layers of 3. */
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, &three,
+                                               &lw, &req),
+                     LLM_PARAM_INVALID);
+    /* The order of checks holds: an unlinked cluster after the options. */
+    llmdd_cache_index far = {99, ids.kv, 0};
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &far, &l_kv, 0, -1, NULL,
+                                               NULL, &req),
+                     LLM_NOT_YET_LINK);
+    llmdd_cache_index gone = {PEER, 12345, 0};
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &gone, &l_kv, 0, -1, NULL,
+                                               NULL, &req),
+                     LLM_KV_CACHE_NOT_EXIST);
+    assert_true(req == (llmdd_request *)(uintptr_t)0x1); /* never written */
+
+    /* A mark on a request posted without the flag; bad waits. */
+    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &s_kv, 0, -1, NULL,
+                                               NULL, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_request_wait(req, -2), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    llmdd_request_free(NULL);
+    assert_int_equal(llmdd_request_wait(NULL, 0), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_request_cancel(NULL), LLM_PARAM_INVALID);
+
+    /* Notifications. */
+    llmdd_notify out[2];
+    size_t n;
+    assert_int_equal(llmdd_send_notify(dd, 99, "x", 1), LLM_NOT_YET_LINK);
+    assert_int_equal(llmdd_send_notify(dd, PEER, NULL, 1), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_send_notify(dd, PEER, "x", LLMDD_NOTIFY_MAX + 1),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_get_notifies(dd, out, 2, NULL), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_get_notifies(dd, NULL, 2, &n), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_get_notifies(dd, NULL, 0, &n), LLM_SUCCESS);
+    assert_int_equal(n, 0);
+    verify_all();
+}
+
+/* Freed or cancelled while in flight: nothing writes afterwards. */
+static void
+test_async_cancel_and_free(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 0};
+    llmdd_request *req[8];
+
+    (void)state;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &s_kv,
+                                                   (uint32_t)i % 4, -1, NULL,
+                                                   NULL, &req[i]),
+                         LLM_SUCCESS);
+    for (int i = 0; i < 8; i += 2) {
+        assert_int_equal(llmdd_request_cancel(req[i]), LLM_SUCCESS);
+        llmdd_status st = llmdd_request_wait(req[i], 0);
+        assert_true(st == LLM_SUCCESS || st == LLM_FAILED);
+    }
+    for (int i = 0; i < 8; i++)
+        llmdd_request_free(req[i]);
+    /* The link still works. */
+    verify_all();
+}
+
+/* A layer-wise push waiting for marks ends when its source cache goes. */
+static void
+test_async_dealloc_ends_request(void **state)
+{
+    llmdd_cache_index idx = {PEER, ids.kv, 0};
+    llmdd_xfer_opts o = {.flags = LLMDD_XFER_LAYERWISE};
+    llmdd_cache src;
+    llmdd_request *req;
+    llmdd_cache_desc d = th_desc_kv();
+
+    (void)state;
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &src), LLM_SUCCESS);
+    assert_int_equal(llmdd_push_kv_cache_async(dd, &src, &idx, 0, -1, NULL,
+                                               &o, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_deallocate_cache(dd, src.cache_id), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, 0), LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, 0), LLM_KV_CACHE_NOT_EXIST);
+    llmdd_request_free(req);
+    verify_all();
+}
+
 static void
 test_large_pull(void **state)
 {
@@ -665,6 +964,12 @@ main(int argc, char **argv)
         cmocka_unit_test(test_rejected_calls_change_nothing),
         cmocka_unit_test(test_cache_made_after_link),
         cmocka_unit_test(test_cache_keys),
+        cmocka_unit_test(test_async_pulls),
+        cmocka_unit_test(test_async_push_with_notification),
+        cmocka_unit_test(test_async_layerwise_push),
+        cmocka_unit_test(test_async_bad_arguments),
+        cmocka_unit_test(test_async_cancel_and_free),
+        cmocka_unit_test(test_async_dealloc_ends_request),
         cmocka_unit_test(test_large_pull),
     };
     return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);

@@ -12,6 +12,8 @@
  *          --no-dumpable (no value: refuse other processes' cross-memory
  *          attach, as prctl(PR_SET_DUMPABLE, 0) does without CAP_SYS_PTRACE)
  */
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -81,6 +83,28 @@ check(llmdd *dd, long long id, uint32_t seed)
         return;
     }
     printf("ERR unknown\n");
+    fflush(stdout);
+}
+
+/*
+ * Waits up to timeout_ms for notifications, then prints "OK <n>" and, for
+ * each, " <sender cluster>:<message>" (tests send printable messages).
+ */
+static void
+notifies(llmdd *dd, int timeout_ms)
+{
+    static llmdd_notify got[64];
+    struct pollfd p = {.fd = llmdd_notify_fd(dd), .events = POLLIN};
+    size_t n = 0;
+
+    if (poll(&p, 1, timeout_ms) == 1 &&
+        llmdd_get_notifies(dd, got, 64, &n) != LLM_SUCCESS)
+        n = 0;
+    printf("OK %zu", n);
+    for (size_t i = 0; i < n; i++)
+        printf(" %llu:%.*s", (unsigned long long)got[i].cluster_id,
+               (int)got[i].len, (const char *)got[i].msg);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -172,6 +196,8 @@ main(int argc, char **argv)
                          id);
         } else if (sscanf(line, "unkey %63s", key) == 1) {
             reply_status(llmdd_remove_cache_key(dd, key, strlen(key)), 0);
+        } else if (sscanf(line, "notifies %u", &a) == 1) {
+            notifies(dd, (int)a);
         } else if (strncmp(line, "ping", 4) == 0) {
             reply_status(LLM_SUCCESS, 0);
         } else {
