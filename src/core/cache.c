@@ -228,29 +228,72 @@ cache_insert(llmdd *dd, llmdd__cache *c)
 }
 
 /*
+ * dd->lock held; drops it meanwhile. The fallback of notify_links when it
+ * cannot allocate its list: tells one link at a time, marks each link told
+ * with this round's serial, and rescans the table after every call, since
+ * the table may change while the lock is dropped. Such rounds take turns so
+ * that one round's marks are not overwritten by another's.
+ */
+static void
+notify_links_slowly(llmdd *dd, llmdd__cache *c)
+{
+    while (dd->notify_busy)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    dd->notify_busy = true;
+    uint64_t serial = ++dd->notify_serial;
+    for (;;) {
+        llmdd__link *l = dd->links;
+        while (l != NULL &&
+               (l->ops->cache_removed == NULL || l->notified == serial))
+            l = l->next;
+        if (l == NULL)
+            break;
+        l->notified = serial;
+        l->refs++;
+        pthread_mutex_unlock(&dd->lock);
+        l->ops->cache_removed(l, c);
+        llmdd__link_put(l);
+        pthread_mutex_lock(&dd->lock);
+    }
+    dd->notify_busy = false;
+    pthread_cond_broadcast(&dd->cond);
+}
+
+/*
  * dd->lock held; drops it meanwhile. Tells every link's transport that the
- * cache is gone, so that a peer which mapped its memory stops using it before
- * the memory is released or reused.
+ * cache is gone, so that a peer which mapped its memory stops using it
+ * before the memory is released or reused. Every link is told, however
+ * many: one left out would keep its lease (the caller would wait until that
+ * link ends) or keep reaching pages a new cache gets. A link made after the
+ * cache left the registry cannot reach it and needs no word.
  */
 static void
 notify_links(llmdd *dd, llmdd__cache *c)
 {
-    llmdd__link *links[64];
     size_t n = 0;
 
-    for (llmdd__link *l = dd->links; l != NULL && n < 64; l = l->next) {
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+        n += l->ops->cache_removed != NULL;
+    if (n == 0)
+        return;
+    llmdd__link **links = malloc(n * sizeof(*links));
+    if (links == NULL) {
+        notify_links_slowly(dd, c);
+        return;
+    }
+    n = 0;
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
         if (l->ops->cache_removed != NULL) {
             l->refs++;
             links[n++] = l;
         }
     }
-    if (n == 0)
-        return;
     pthread_mutex_unlock(&dd->lock);
     for (size_t i = 0; i < n; i++) {
         links[i]->ops->cache_removed(links[i], c);
         llmdd__link_put(links[i]);
     }
+    free(links);
     pthread_mutex_lock(&dd->lock);
 }
 

@@ -70,6 +70,7 @@ typedef struct llmdd__link {
     int refs;
     bool dead;
     bool unlink_acked;
+    uint64_t notified; /* the last cache_removed round that told it */
     struct llmdd__link *next;
 
     /* The peer's caches we have seen; guarded by rc_lock. */
@@ -94,6 +95,8 @@ struct llmdd {
     size_t ncaches, caches_cap;
     int64_t next_cache_id;
     llmdd__pool *host_pool;
+    uint64_t notify_serial; /* cache_removed rounds told link by link */
+    bool notify_busy;       /* such a round is running */
 
     llmdd__link *links;
     llmdd__ctrl *ctrl; /* listener and control thread; NULL when down */
