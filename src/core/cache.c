@@ -7,6 +7,7 @@
  * of one memfd that is mapped once.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,6 +38,38 @@ prefault(uint8_t *base, uint64_t len)
     (void)madvise(base, len, MADV_POPULATE_WRITE);
 }
 
+/*
+ * A memfd of `len` bytes, sealed against any change of size. Its pages are
+ * handed to peers (transport/shm passes the descriptor), and a peer that
+ * could shrink the file would make our next touch of the cut pages raise
+ * SIGBUS; F_SEAL_SEAL keeps a peer from lifting the seals. The peer checks
+ * F_SEAL_SHRINK before it maps, for its own sake. -1 on failure, logged.
+ */
+static int
+memfd_new(const char *name, uint64_t len)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    if (fd < 0) {
+        log_error("memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    if (ftruncate(fd, (off_t)len) != 0) {
+        log_error("%s of %llu bytes: ftruncate: %s", name,
+                  (unsigned long long)len, strerror(errno));
+        goto err_fd;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+        0) {
+        log_error("%s: sealing: %s", name, strerror(errno));
+        goto err_fd;
+    }
+    return fd;
+err_fd:
+    close(fd);
+    return -1;
+}
+
 static llmdd_status
 pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
 {
@@ -50,16 +83,9 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
     p->used = calloc(p->npages, 1);
     if (p->used == NULL)
         goto err_free;
-    p->fd = memfd_create("llmdd-pool", MFD_CLOEXEC);
-    if (p->fd < 0) {
-        log_error("memfd_create: %s", strerror(errno));
+    p->fd = memfd_new("llmdd-pool", p->size);
+    if (p->fd < 0)
         goto err_used;
-    }
-    if (ftruncate(p->fd, (off_t)p->size) != 0) {
-        log_error("pool of %llu bytes: ftruncate: %s",
-                  (unsigned long long)p->size, strerror(errno));
-        goto err_fd;
-    }
     p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
     if (p->base == MAP_FAILED) {
         log_error("pool of %llu bytes: mmap: %s", (unsigned long long)p->size,
@@ -150,17 +176,9 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         m->base = p->base + m->fd_off;
         return LLM_SUCCESS;
     }
-    m->fd = memfd_create("llmdd-cache", MFD_CLOEXEC);
-    if (m->fd < 0) {
-        log_error("memfd_create: %s", strerror(errno));
+    m->fd = memfd_new("llmdd-cache", len);
+    if (m->fd < 0)
         return LLM_OUT_OF_MEMORY;
-    }
-    if (ftruncate(m->fd, (off_t)len) != 0) {
-        log_error("cache of %llu bytes: ftruncate: %s",
-                  (unsigned long long)len, strerror(errno));
-        close(m->fd);
-        return LLM_OUT_OF_MEMORY;
-    }
     m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
     if (m->base == MAP_FAILED) {
         log_error("cache of %llu bytes: mmap: %s", (unsigned long long)len,

@@ -9,6 +9,7 @@
  *
  *   shm_test [test name]
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -407,6 +408,89 @@ test_dealloc_tells_every_link(void **state)
     llmdd_destroy(owner);
 }
 
+/*
+ * Opens, read-write, every memfd of the owner that this process (the shm
+ * peer) has mapped, the way any code running in the peer could: through
+ * /proc/self/map_files. Returns how many; fds[] gets them.
+ */
+static int
+peer_memfds(int *fds, int cap)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    assert_non_null(f);
+    while (n < cap && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+        char path[96];
+        if (strstr(line, "/memfd:llmdd-") == NULL ||
+            sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", lo, hi);
+        fds[n] = open(path, O_RDWR | O_CLOEXEC);
+        assert_true(fds[n] >= 0);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/*
+ * The peer receives the owner's memfd. Shrinking it must fail: it would
+ * make the owner's next touch of those pages (a check, the zeroing on
+ * deallocate) die of SIGBUS. With and without a pool.
+ */
+static void
+test_memfd_sealed(void **state)
+{
+    char cmd[64], reply[64];
+    int fds[8];
+
+    (void)state;
+    for (int pooled = 0; pooled < 2; pooled++) {
+        llmdd_cache_desc d = th_desc_kv();
+        uint64_t size = th_tensor_size(&d), addrs[8];
+        llmdd_cache c = {.desc = d, .tensor_addrs = addrs};
+        th_proc p;
+
+        proc_start(&p, NULL, "shm", pooled ? POOL : NULL);
+        llmdd *dd = self_new("shm");
+        assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                         LLM_SUCCESS);
+        /* Registered memory: the only memfds mapped here are the owner's. */
+        uint8_t *mem = calloc(d.num_tensors, size);
+        assert_non_null(mem);
+        for (uint32_t t = 0; t < d.num_tensors; t++)
+            addrs[t] = (uint64_t)(uintptr_t)(mem + t * size);
+        assert_int_equal(
+            llmdd_register_kv_cache(dd, &d, addrs, d.num_tensors, &c.cache_id),
+            LLM_SUCCESS);
+        assert_int_equal(th_proc_cmd(&p, "alloc 80", reply, sizeof(reply)), 0);
+        int64_t id = atoll(reply + 3);
+        assert_int_equal(pull_all(dd, id, &c), LLM_SUCCESS);
+        check_cache(&c, 80);
+
+        int n = peer_memfds(fds, 8);
+        assert_true(n >= 1);
+        for (int i = 0; i < n; i++) {
+            errno = 0;
+            assert_int_equal(ftruncate(fds[i], 0), -1);
+            assert_int_equal(errno, EPERM);
+            close(fds[i]);
+        }
+        /* The owner still reads its pages, and zeroes them on deallocate. */
+        snprintf(cmd, sizeof(cmd), "check %lld 80", (long long)id);
+        assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+        snprintf(cmd, sizeof(cmd), "dealloc %lld", (long long)id);
+        assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+        assert_int_equal(pull_all(dd, id, &c), LLM_KV_CACHE_NOT_EXIST);
+        llmdd_destroy(dd);
+        free(mem);
+        assert_int_equal(th_proc_stop(&p), 0);
+    }
+}
+
 /* Links on auto to a peer that cannot use our socket, and checks that a
  * pull is byte-exact and went over the data plane, not a memfd. */
 static void
@@ -540,6 +624,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_pool_reuse_inproc),
         cmocka_unit_test(test_unlink_then_dealloc),
         cmocka_unit_test(test_dealloc_tells_every_link),
+        cmocka_unit_test(test_memfd_sealed),
         cmocka_unit_test(test_stale_socket_swept),
         cmocka_unit_test(test_no_socket),
         cmocka_unit_test(test_other_pid_namespace),

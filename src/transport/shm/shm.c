@@ -660,6 +660,16 @@ shm_map(shm_link *sl, shm_entry *e, int fd, bool pooled, uint64_t fd_off,
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
         st.st_size <= 0)
         goto err_bad;
+    /* A file the owner could still shrink would make our copies fault
+     * (SIGBUS) on the pages it cut: map only memfds sealed against it. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        log_error("shm: cluster %llu passed cache %lld in a file not sealed "
+                  "against shrinking; not mapping it",
+                  cid, (long long)e->id);
+        close(fd);
+        return -1;
+    }
     if (__builtin_add_overflow(fd_off, len, &end) ||
         end > (uint64_t)st.st_size ||
         __builtin_mul_overflow(e->pitch, (uint64_t)e->ntensors, &tensors) ||
