@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -26,16 +27,64 @@ struct llmdd__pool {
     uint8_t *used; /* one byte a page: simple, and pools are few pages */
 };
 
+#define PREFAULT_CHUNK (64ull << 20)
+
 /*
  * Caches are allocated once and then written at full speed: map their pages
  * writable now (MAP_POPULATE maps a shared mapping's pages read-only, so
- * every first write would still fault). Best effort: kernels before 5.14
- * lack MADV_POPULATE_WRITE and fault the pages in on first use.
+ * every first write would still fault). Kernels before 5.14 lack
+ * MADV_POPULATE_WRITE (EINVAL) and fault the pages in on first use.
+ *
+ * Under a memory cgroup limit a page that cannot be charged gets the
+ * process OOM-killed inside this call, so the pages go in by chunks and
+ * the limit is checked before each (memlimit.c): whatever else the process
+ * allocated meanwhile counts. Returns 0, or -1 when the rest does not fit
+ * or the kernel could not populate (the caller frees and reports
+ * LLM_OUT_OF_MEMORY).
  */
-static void
-prefault(uint8_t *base, uint64_t len)
+static int
+prefault(const llmdd__memcg *cg, uint8_t *base, uint64_t len, const char *what)
 {
-    (void)madvise(base, len, MADV_POPULATE_WRITE);
+    for (uint64_t off = 0; off < len; off += PREFAULT_CHUNK) {
+        uint64_t n = len - off < PREFAULT_CHUNK ? len - off : PREFAULT_CHUNK;
+        if (!llmdd__memcg_fits(cg, len - off)) {
+            log_error("%s of %llu bytes: the memory cgroup's limit leaves "
+                      "no room for %llu more",
+                      what, (unsigned long long)len,
+                      (unsigned long long)(len - off));
+            return -1;
+        }
+        if (madvise(base + off, n, MADV_POPULATE_WRITE) == 0)
+            continue;
+        if (errno == EINVAL)
+            return 0;
+        log_error("%s of %llu bytes: populating: %s", what,
+                  (unsigned long long)len, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Refuses, before any memfd exists, a size that cannot be held. */
+static bool
+mem_fits(const llmdd__memcg *cg, uint64_t len, const char *what)
+{
+    struct rlimit rl;
+
+    /* Growing a file past RLIMIT_FSIZE raises SIGXFSZ, fatal by default. */
+    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        len > rl.rlim_cur) {
+        log_error("%s of %llu bytes: over RLIMIT_FSIZE", what,
+                  (unsigned long long)len);
+        return false;
+    }
+    if (!llmdd__memcg_fits(cg, len)) {
+        log_error("%s of %llu bytes: over what the memory cgroup's limit "
+                  "leaves free",
+                  what, (unsigned long long)len);
+        return false;
+    }
+    return true;
 }
 
 /*
@@ -74,6 +123,7 @@ static llmdd_status
 pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
 {
     llmdd__pool *p = calloc(1, sizeof(*p));
+    llmdd__memcg cg;
 
     if (p == NULL)
         return LLM_OUT_OF_MEMORY;
@@ -83,6 +133,9 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
     p->used = calloc(p->npages, 1);
     if (p->used == NULL)
         goto err_free;
+    llmdd__memcg_find(&cg);
+    if (!mem_fits(&cg, p->size, "pool"))
+        goto err_used;
     p->fd = memfd_new("llmdd-pool", p->size);
     if (p->fd < 0)
         goto err_used;
@@ -92,10 +145,13 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
                   strerror(errno));
         goto err_fd;
     }
-    prefault(p->base, p->size);
+    if (prefault(&cg, p->base, p->size, "pool") != 0)
+        goto err_map;
     *out = p;
     return LLM_SUCCESS;
 
+err_map:
+    munmap(p->base, p->size);
 err_fd:
     close(p->fd);
 err_used:
@@ -176,6 +232,10 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         m->base = p->base + m->fd_off;
         return LLM_SUCCESS;
     }
+    llmdd__memcg cg;
+    llmdd__memcg_find(&cg);
+    if (!mem_fits(&cg, len, "cache"))
+        return LLM_OUT_OF_MEMORY;
     m->fd = memfd_new("llmdd-cache", len);
     if (m->fd < 0)
         return LLM_OUT_OF_MEMORY;
@@ -186,7 +246,11 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         close(m->fd);
         return LLM_OUT_OF_MEMORY;
     }
-    prefault(m->base, len);
+    if (prefault(&cg, m->base, len, "cache") != 0) {
+        munmap(m->base, len);
+        close(m->fd);
+        return LLM_OUT_OF_MEMORY;
+    }
     return LLM_SUCCESS;
 }
 

@@ -106,6 +106,23 @@ struct llmdd {
     struct llmdd *next_instance; /* in the process-wide list */
 };
 
+/*
+ * Memory limits (memlimit.c): the process's memory cgroup, so that an
+ * allocation can tell whether its pages fit before it faults them in.
+ */
+typedef struct {
+    int version;    /* 1 or 2; 0: none found, nothing to check */
+    size_t top_len; /* path[0, top_len) is the hierarchy's mount point */
+    char path[4096];
+} llmdd__memcg;
+
+void llmdd__memcg_find(llmdd__memcg *cg);
+/*
+ * Whether len more resident bytes (plus a reserve for the rest of the
+ * process) fit below the limits of cg and of every ancestor.
+ */
+bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
+
 /* Time and misc utilities (util.c). */
 int64_t llmdd__now_ms(void);
 int llmdd__random(void *buf, size_t len);
