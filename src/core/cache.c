@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -18,6 +19,22 @@
 
 #define TENSOR_ALIGN 4096u
 
+/*
+ * Pages of a freed pooled cache that a peer process may still write: a
+ * peer whose link ended without its word that it stopped (a stalled
+ * process, see transport/shm) still has the whole pool mapped and may be
+ * in the middle of a copy. The pages stay marked used until every such
+ * process has exited (its pidfd reads ready), then are zeroed and freed;
+ * `forever` ones only go with the pool.
+ */
+typedef struct pool_hold {
+    size_t first, pages;
+    int *pidfds;
+    size_t npidfds;
+    bool forever;
+    struct pool_hold *next;
+} pool_hold;
+
 struct llmdd__pool {
     int fd;
     uint8_t *base;
@@ -25,6 +42,7 @@ struct llmdd__pool {
     uint32_t shift;
     size_t npages;
     uint8_t *used; /* one byte a page: simple, and pools are few pages */
+    pool_hold *holds;
 };
 
 #define PREFAULT_CHUNK (64ull << 20)
@@ -162,10 +180,27 @@ err_free:
 }
 
 static void
+pidfds_close(int *fds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+}
+
+static void
 pool_destroy(llmdd__pool *p)
 {
     if (p == NULL)
         return;
+    /* A stalled peer keeps its own mapping: what it writes lands in pages
+     * that belong to no cache any more. */
+    while (p->holds != NULL) {
+        pool_hold *h = p->holds;
+        p->holds = h->next;
+        pidfds_close(h->pidfds, h->npidfds);
+        free(h);
+    }
     munmap(p->base, p->size);
     close(p->fd);
     free(p->used);
@@ -198,6 +233,64 @@ pool_give(llmdd__pool *p, size_t first, size_t pages)
     memset(p->used + first, 0, pages);
 }
 
+static bool
+pidfd_exited(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    return poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLIN | POLLHUP));
+}
+
+/* dd->lock held. Frees the held pages whose processes have all exited. */
+static void
+pool_reap(llmdd__pool *p)
+{
+    for (pool_hold **hp = &p->holds; *hp != NULL;) {
+        pool_hold *h = *hp;
+        bool gone = !h->forever;
+        for (size_t i = 0; gone && i < h->npidfds; i++)
+            gone = pidfd_exited(h->pidfds[i]);
+        if (!gone) {
+            hp = &h->next;
+            continue;
+        }
+        *hp = h->next;
+        log_info("pool: %zu pages a stalled peer could write are free again",
+                 h->pages);
+        pool_give(p, h->first, h->pages);
+        pidfds_close(h->pidfds, h->npidfds);
+        free(h);
+    }
+}
+
+/*
+ * dd->lock held. Holds back [first, first + pages) for the processes behind
+ * pidfds (taken over); on allocation failure the pages are simply never
+ * freed, which is safe.
+ */
+static void
+pool_hold_back(llmdd__pool *p, size_t first, size_t pages, int *pidfds,
+               size_t n, bool forever)
+{
+    pool_hold *h = malloc(sizeof(*h));
+
+    log_warn("pool: %zu pages stay out of use until the peer that may still "
+             "write them has exited%s",
+             pages,
+             forever ? " (it cannot be watched: until the pool goes)" : "");
+    if (h == NULL) {
+        pidfds_close(pidfds, n);
+        return;
+    }
+    *h = (pool_hold){.first = first,
+                     .pages = pages,
+                     .pidfds = pidfds,
+                     .npidfds = n,
+                     .forever = forever,
+                     .next = p->holds};
+    p->holds = h;
+}
+
 static uint64_t
 round_up(uint64_t v, uint64_t align)
 {
@@ -223,9 +316,14 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         /* Called with dd->lock held: the page map is guarded by it. */
         if (len > p->size)
             return LLM_OUT_OF_MEMORY;
+        pool_reap(p);
         size_t first = pool_take(p, (size_t)(len >> p->shift));
-        if (first == SIZE_MAX)
+        if (first == SIZE_MAX) {
+            if (p->holds != NULL)
+                log_warn("pool: no room; some pages are held back from a "
+                         "stalled peer");
             return LLM_OUT_OF_MEMORY;
+        }
         m->pooled = true;
         m->fd = p->fd;
         m->fd_off = (uint64_t)first << p->shift;
@@ -254,15 +352,27 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
     return LLM_SUCCESS;
 }
 
+/* dd->lock held. */
 static void
-mem_free(llmdd *dd, llmdd__mem *m)
+mem_free(llmdd *dd, llmdd__cache *c)
 {
+    llmdd__mem *m = &c->mem;
+
     if (m->pooled) {
         llmdd__pool *p = dd->host_pool;
-        pool_give(p, (size_t)(m->fd_off >> p->shift),
-                  (size_t)(m->len >> p->shift));
+        size_t first = (size_t)(m->fd_off >> p->shift);
+        size_t pages = (size_t)(m->len >> p->shift);
+        if (c->nstale == 0 && !c->stale_forever) {
+            pool_give(p, first, pages);
+            return;
+        }
+        pool_hold_back(p, first, pages, c->stale_pidfds, c->nstale,
+                       c->stale_forever);
+        c->stale_pidfds = NULL;
+        c->nstale = 0;
         return;
     }
+    /* A peer's mapping keeps these pages alive apart from any new memfd. */
     munmap(m->base, m->len);
     close(m->fd);
 }
@@ -271,7 +381,8 @@ static void
 cache_free(llmdd *dd, llmdd__cache *c)
 {
     if (c->allocated)
-        mem_free(dd, &c->mem);
+        mem_free(dd, c);
+    pidfds_close(c->stale_pidfds, c->nstale);
     free(c->addrs);
     free(c);
 }
@@ -590,6 +701,31 @@ llmdd__cache_put(llmdd *dd, llmdd__cache *c)
     if (c == NULL)
         return;
     pthread_mutex_lock(&dd->lock);
+    if (--c->refs == 0 && c->dead)
+        pthread_cond_broadcast(&dd->cond);
+    pthread_mutex_unlock(&dd->lock);
+}
+
+void
+llmdd__cache_put_stale(llmdd *dd, llmdd__cache *c, int pidfd)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&dd->lock);
+    if (c->allocated && c->mem.pooled && !c->stale_forever) {
+        int fd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+        int *n = fd >= 0
+                     ? realloc(c->stale_pidfds, (c->nstale + 1) * sizeof(*n))
+                     : NULL;
+        if (n != NULL) {
+            n[c->nstale++] = fd;
+            c->stale_pidfds = n;
+        } else {
+            if (fd >= 0)
+                close(fd);
+            c->stale_forever = true;
+        }
+    }
     if (--c->refs == 0 && c->dead)
         pthread_cond_broadcast(&dd->cond);
     pthread_mutex_unlock(&dd->lock);

@@ -40,6 +40,12 @@ typedef struct llmdd__cache {
     llmdd__mem mem;  /* when allocated */
     int refs;        /* transfers in progress; guarded by dd->lock */
     bool dead;       /* removed from the registry, waiting for refs == 0 */
+    /* Pooled only, guarded by dd->lock: processes that may still write the
+     * pages (llmdd__cache_put_stale); the pool holds them back from reuse
+     * until those exit. forever: one could not be watched. */
+    int *stale_pidfds;
+    size_t nstale;
+    bool stale_forever;
 } llmdd__cache;
 
 typedef struct llmdd__pool llmdd__pool;
@@ -157,6 +163,16 @@ void llmdd__caches_fini(llmdd *dd); /* dd->lock held; waits for refs */
 /* Looks up a live cache and takes a reference; NULL when unknown. */
 llmdd__cache *llmdd__cache_get(llmdd *dd, int64_t id);
 void llmdd__cache_put(llmdd *dd, llmdd__cache *c);
+/*
+ * Drops a reference that stood for another process's access to the
+ * cache's memory (a transport's lease) when that process did not confirm
+ * it stopped touching it. An allocated pooled cache then keeps its pages
+ * out of the pool after it is freed, until the process behind pidfd (a
+ * pidfd, duplicated here; -1: unknown) has exited, or for the pool's life.
+ * Other caches need nothing: a non-pooled cache's memfd pages are never
+ * given to another cache, and registered memory is the user's.
+ */
+void llmdd__cache_put_stale(llmdd *dd, llmdd__cache *c, int pidfd);
 /*
  * The serving side of a remote access: looks up cache `id`, checks that
  * tensors [first, first + count) exist and that every run lies inside a
