@@ -4,7 +4,10 @@
  * Allocated caches live in memfd-backed shared mappings so that a same-host
  * peer can map the very same pages. Without a pool each cache has its own
  * memfd; with llm.HostMemPoolConfig all caches are carved, page by page, out
- * of one memfd that is mapped once.
+ * of one memfd that is mapped once. Every memfd is sealed against size
+ * changes before a peer can see it (memfd_new). Pool pages a stalled peer
+ * may still write are held back until its process exits (pool_hold).
+ * Allocations check the memory cgroup's limits first (memlimit.c).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -41,6 +41,21 @@
  *    your memory". A reader releases its leases only after the peer's EOF
  *    (or SHM_BYE_MS), so an unlink or finalize never frees memory that the
  *    peer is still writing.
+ *  - Stalled peers. A peer stopped mid-copy (SIGSTOP, swapped out) neither
+ *    acknowledges an INVAL nor sends its EOF; the owner drops the link and,
+ *    after SHM_BYE_MS, ends the leases anyway so that deallocation returns.
+ *    The peer still has the memory mapped, so such leases end "stale"
+ *    (llmdd__cache_put_stale, with a pidfd of the peer taken when the
+ *    socket was set up): a pooled cache's pages then stay out of the pool
+ *    until the peer process has exited (core/cache.c), while a non-pooled
+ *    cache's memfd pages are never given to another cache anyway. The peer,
+ *    for its part, reports a memfd copy as failed (LLM_NOT_YET_LINK) when
+ *    by its end the owner had half-closed the socket: the copy may have
+ *    met memory that was no longer leased. Registered (CMA) memory cannot
+ *    be held back; the peer checks the socket between CMA batches.
+ *  - Seals. Memfds are sealed against size changes before they are passed
+ *    (core/cache.c): a peer that shrank one would make the owner die of
+ *    SIGBUS. The peer maps only memfds sealed against shrinking.
  *
  * Thread-safety: shm_link.lock guards the entry table, entry users and dead
  * flags, the waiters and the state flags; expose_lock guards the leases and
