@@ -4,17 +4,39 @@
  * Allocated caches live in memfd-backed shared mappings so that a same-host
  * peer can map the very same pages. Without a pool each cache has its own
  * memfd; with llm.HostMemPoolConfig all caches are carved, page by page, out
- * of one memfd that is mapped once.
+ * of one memfd that is mapped once. Every memfd is sealed against size
+ * changes before a peer can see it (memfd_new). Pool pages a stalled peer
+ * may still write are held back until its process exits (pool_hold).
+ * Allocations check the memory cgroup's limits first (memlimit.c).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 
 #define TENSOR_ALIGN 4096u
+
+/*
+ * Pages of a freed pooled cache that a peer process may still write: a
+ * peer whose link ended without its word that it stopped (a stalled
+ * process, see transport/shm) still has the whole pool mapped and may be
+ * in the middle of a copy. The pages stay marked used until every such
+ * process has exited (its pidfd reads ready), then are zeroed and freed;
+ * `forever` ones only go with the pool.
+ */
+typedef struct pool_hold {
+    size_t first, pages;
+    int *pidfds;
+    size_t npidfds;
+    bool forever;
+    struct pool_hold *next;
+} pool_hold;
 
 struct llmdd__pool {
     int fd;
@@ -23,24 +45,106 @@ struct llmdd__pool {
     uint32_t shift;
     size_t npages;
     uint8_t *used; /* one byte a page: simple, and pools are few pages */
+    pool_hold *holds;
 };
+
+#define PREFAULT_CHUNK (64ull << 20)
 
 /*
  * Caches are allocated once and then written at full speed: map their pages
  * writable now (MAP_POPULATE maps a shared mapping's pages read-only, so
- * every first write would still fault). Best effort: kernels before 5.14
- * lack MADV_POPULATE_WRITE and fault the pages in on first use.
+ * every first write would still fault). Kernels before 5.14 lack
+ * MADV_POPULATE_WRITE (EINVAL) and fault the pages in on first use.
+ *
+ * Under a memory cgroup limit a page that cannot be charged gets the
+ * process OOM-killed inside this call, so the pages go in by chunks and
+ * the limit is checked before each (memlimit.c): whatever else the process
+ * allocated meanwhile counts. Returns 0, or -1 when the rest does not fit
+ * or the kernel could not populate (the caller frees and reports
+ * LLM_OUT_OF_MEMORY).
  */
-static void
-prefault(uint8_t *base, uint64_t len)
+static int
+prefault(const llmdd__memcg *cg, uint8_t *base, uint64_t len, const char *what)
 {
-    (void)madvise(base, len, MADV_POPULATE_WRITE);
+    for (uint64_t off = 0; off < len; off += PREFAULT_CHUNK) {
+        uint64_t n = len - off < PREFAULT_CHUNK ? len - off : PREFAULT_CHUNK;
+        if (!llmdd__memcg_fits(cg, len - off)) {
+            log_error("%s of %llu bytes: the memory cgroup's limit leaves "
+                      "no room for %llu more",
+                      what, (unsigned long long)len,
+                      (unsigned long long)(len - off));
+            return -1;
+        }
+        if (madvise(base + off, n, MADV_POPULATE_WRITE) == 0)
+            continue;
+        if (errno == EINVAL)
+            return 0;
+        log_error("%s of %llu bytes: populating: %s", what,
+                  (unsigned long long)len, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Refuses, before any memfd exists, a size that cannot be held. */
+static bool
+mem_fits(const llmdd__memcg *cg, uint64_t len, const char *what)
+{
+    struct rlimit rl;
+
+    /* Growing a file past RLIMIT_FSIZE raises SIGXFSZ, fatal by default. */
+    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        len > rl.rlim_cur) {
+        log_error("%s of %llu bytes: over RLIMIT_FSIZE", what,
+                  (unsigned long long)len);
+        return false;
+    }
+    if (!llmdd__memcg_fits(cg, len)) {
+        log_error("%s of %llu bytes: over what the memory cgroup's limit "
+                  "leaves free",
+                  what, (unsigned long long)len);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * A memfd of `len` bytes, sealed against any change of size. Its pages are
+ * handed to peers (transport/shm passes the descriptor), and a peer that
+ * could shrink the file would make our next touch of the cut pages raise
+ * SIGBUS; F_SEAL_SEAL keeps a peer from lifting the seals. The peer checks
+ * F_SEAL_SHRINK before it maps, for its own sake. -1 on failure, logged.
+ */
+static int
+memfd_new(const char *name, uint64_t len)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    if (fd < 0) {
+        log_error("memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    if (ftruncate(fd, (off_t)len) != 0) {
+        log_error("%s of %llu bytes: ftruncate: %s", name,
+                  (unsigned long long)len, strerror(errno));
+        goto err_fd;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+        0) {
+        log_error("%s: sealing: %s", name, strerror(errno));
+        goto err_fd;
+    }
+    return fd;
+err_fd:
+    close(fd);
+    return -1;
 }
 
 static llmdd_status
 pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
 {
     llmdd__pool *p = calloc(1, sizeof(*p));
+    llmdd__memcg cg;
 
     if (p == NULL)
         return LLM_OUT_OF_MEMORY;
@@ -50,26 +154,25 @@ pool_create(const llmdd__pool_config *cfg, llmdd__pool **out)
     p->used = calloc(p->npages, 1);
     if (p->used == NULL)
         goto err_free;
-    p->fd = memfd_create("llmdd-pool", MFD_CLOEXEC);
-    if (p->fd < 0) {
-        log_error("memfd_create: %s", strerror(errno));
+    llmdd__memcg_find(&cg);
+    if (!mem_fits(&cg, p->size, "pool"))
         goto err_used;
-    }
-    if (ftruncate(p->fd, (off_t)p->size) != 0) {
-        log_error("pool of %llu bytes: ftruncate: %s",
-                  (unsigned long long)p->size, strerror(errno));
-        goto err_fd;
-    }
+    p->fd = memfd_new("llmdd-pool", p->size);
+    if (p->fd < 0)
+        goto err_used;
     p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
     if (p->base == MAP_FAILED) {
         log_error("pool of %llu bytes: mmap: %s", (unsigned long long)p->size,
                   strerror(errno));
         goto err_fd;
     }
-    prefault(p->base, p->size);
+    if (prefault(&cg, p->base, p->size, "pool") != 0)
+        goto err_map;
     *out = p;
     return LLM_SUCCESS;
 
+err_map:
+    munmap(p->base, p->size);
 err_fd:
     close(p->fd);
 err_used:
@@ -80,10 +183,27 @@ err_free:
 }
 
 static void
+pidfds_close(int *fds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+}
+
+static void
 pool_destroy(llmdd__pool *p)
 {
     if (p == NULL)
         return;
+    /* A stalled peer keeps its own mapping: what it writes lands in pages
+     * that belong to no cache any more. */
+    while (p->holds != NULL) {
+        pool_hold *h = p->holds;
+        p->holds = h->next;
+        pidfds_close(h->pidfds, h->npidfds);
+        free(h);
+    }
     munmap(p->base, p->size);
     close(p->fd);
     free(p->used);
@@ -116,6 +236,64 @@ pool_give(llmdd__pool *p, size_t first, size_t pages)
     memset(p->used + first, 0, pages);
 }
 
+static bool
+pidfd_exited(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    return poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLIN | POLLHUP));
+}
+
+/* dd->lock held. Frees the held pages whose processes have all exited. */
+static void
+pool_reap(llmdd__pool *p)
+{
+    for (pool_hold **hp = &p->holds; *hp != NULL;) {
+        pool_hold *h = *hp;
+        bool gone = !h->forever;
+        for (size_t i = 0; gone && i < h->npidfds; i++)
+            gone = pidfd_exited(h->pidfds[i]);
+        if (!gone) {
+            hp = &h->next;
+            continue;
+        }
+        *hp = h->next;
+        log_info("pool: %zu pages a stalled peer could write are free again",
+                 h->pages);
+        pool_give(p, h->first, h->pages);
+        pidfds_close(h->pidfds, h->npidfds);
+        free(h);
+    }
+}
+
+/*
+ * dd->lock held. Holds back [first, first + pages) for the processes behind
+ * pidfds (taken over); on allocation failure the pages are simply never
+ * freed, which is safe.
+ */
+static void
+pool_hold_back(llmdd__pool *p, size_t first, size_t pages, int *pidfds,
+               size_t n, bool forever)
+{
+    pool_hold *h = malloc(sizeof(*h));
+
+    log_warn("pool: %zu pages stay out of use until the peer that may still "
+             "write them has exited%s",
+             pages,
+             forever ? " (it cannot be watched: until the pool goes)" : "");
+    if (h == NULL) {
+        pidfds_close(pidfds, n);
+        return;
+    }
+    *h = (pool_hold){.first = first,
+                     .pages = pages,
+                     .pidfds = pidfds,
+                     .npidfds = n,
+                     .forever = forever,
+                     .next = p->holds};
+    p->holds = h;
+}
+
 static uint64_t
 round_up(uint64_t v, uint64_t align)
 {
@@ -141,26 +319,27 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         /* Called with dd->lock held: the page map is guarded by it. */
         if (len > p->size)
             return LLM_OUT_OF_MEMORY;
+        pool_reap(p);
         size_t first = pool_take(p, (size_t)(len >> p->shift));
-        if (first == SIZE_MAX)
+        if (first == SIZE_MAX) {
+            if (p->holds != NULL)
+                log_warn("pool: no room; some pages are held back from a "
+                         "stalled peer");
             return LLM_OUT_OF_MEMORY;
+        }
         m->pooled = true;
         m->fd = p->fd;
         m->fd_off = (uint64_t)first << p->shift;
         m->base = p->base + m->fd_off;
         return LLM_SUCCESS;
     }
-    m->fd = memfd_create("llmdd-cache", MFD_CLOEXEC);
-    if (m->fd < 0) {
-        log_error("memfd_create: %s", strerror(errno));
+    llmdd__memcg cg;
+    llmdd__memcg_find(&cg);
+    if (!mem_fits(&cg, len, "cache"))
         return LLM_OUT_OF_MEMORY;
-    }
-    if (ftruncate(m->fd, (off_t)len) != 0) {
-        log_error("cache of %llu bytes: ftruncate: %s",
-                  (unsigned long long)len, strerror(errno));
-        close(m->fd);
+    m->fd = memfd_new("llmdd-cache", len);
+    if (m->fd < 0)
         return LLM_OUT_OF_MEMORY;
-    }
     m->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
     if (m->base == MAP_FAILED) {
         log_error("cache of %llu bytes: mmap: %s", (unsigned long long)len,
@@ -168,19 +347,35 @@ mem_alloc(llmdd *dd, uint64_t tensor_size, uint32_t num_tensors,
         close(m->fd);
         return LLM_OUT_OF_MEMORY;
     }
-    prefault(m->base, len);
+    if (prefault(&cg, m->base, len, "cache") != 0) {
+        munmap(m->base, len);
+        close(m->fd);
+        return LLM_OUT_OF_MEMORY;
+    }
     return LLM_SUCCESS;
 }
 
+/* dd->lock held. */
 static void
-mem_free(llmdd *dd, llmdd__mem *m)
+mem_free(llmdd *dd, llmdd__cache *c)
 {
+    llmdd__mem *m = &c->mem;
+
     if (m->pooled) {
         llmdd__pool *p = dd->host_pool;
-        pool_give(p, (size_t)(m->fd_off >> p->shift),
-                  (size_t)(m->len >> p->shift));
+        size_t first = (size_t)(m->fd_off >> p->shift);
+        size_t pages = (size_t)(m->len >> p->shift);
+        if (c->nstale == 0 && !c->stale_forever) {
+            pool_give(p, first, pages);
+            return;
+        }
+        pool_hold_back(p, first, pages, c->stale_pidfds, c->nstale,
+                       c->stale_forever);
+        c->stale_pidfds = NULL;
+        c->nstale = 0;
         return;
     }
+    /* A peer's mapping keeps these pages alive apart from any new memfd. */
     munmap(m->base, m->len);
     close(m->fd);
 }
@@ -189,7 +384,8 @@ static void
 cache_free(llmdd *dd, llmdd__cache *c)
 {
     if (c->allocated)
-        mem_free(dd, &c->mem);
+        mem_free(dd, c);
+    pidfds_close(c->stale_pidfds, c->nstale);
     free(c->addrs);
     free(c);
 }
@@ -228,29 +424,72 @@ cache_insert(llmdd *dd, llmdd__cache *c)
 }
 
 /*
+ * dd->lock held; drops it meanwhile. The fallback of notify_links when it
+ * cannot allocate its list: tells one link at a time, marks each link told
+ * with this round's serial, and rescans the table after every call, since
+ * the table may change while the lock is dropped. Such rounds take turns so
+ * that one round's marks are not overwritten by another's.
+ */
+static void
+notify_links_slowly(llmdd *dd, llmdd__cache *c)
+{
+    while (dd->notify_busy)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    dd->notify_busy = true;
+    uint64_t serial = ++dd->notify_serial;
+    for (;;) {
+        llmdd__link *l = dd->links;
+        while (l != NULL &&
+               (l->ops->cache_removed == NULL || l->notified == serial))
+            l = l->next;
+        if (l == NULL)
+            break;
+        l->notified = serial;
+        l->refs++;
+        pthread_mutex_unlock(&dd->lock);
+        l->ops->cache_removed(l, c);
+        llmdd__link_put(l);
+        pthread_mutex_lock(&dd->lock);
+    }
+    dd->notify_busy = false;
+    pthread_cond_broadcast(&dd->cond);
+}
+
+/*
  * dd->lock held; drops it meanwhile. Tells every link's transport that the
- * cache is gone, so that a peer which mapped its memory stops using it before
- * the memory is released or reused.
+ * cache is gone, so that a peer which mapped its memory stops using it
+ * before the memory is released or reused. Every link is told, however
+ * many: one left out would keep its lease (the caller would wait until that
+ * link ends) or keep reaching pages a new cache gets. A link made after the
+ * cache left the registry cannot reach it and needs no word.
  */
 static void
 notify_links(llmdd *dd, llmdd__cache *c)
 {
-    llmdd__link *links[64];
     size_t n = 0;
 
-    for (llmdd__link *l = dd->links; l != NULL && n < 64; l = l->next) {
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+        n += l->ops->cache_removed != NULL;
+    if (n == 0)
+        return;
+    llmdd__link **links = malloc(n * sizeof(*links));
+    if (links == NULL) {
+        notify_links_slowly(dd, c);
+        return;
+    }
+    n = 0;
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
         if (l->ops->cache_removed != NULL) {
             l->refs++;
             links[n++] = l;
         }
     }
-    if (n == 0)
-        return;
     pthread_mutex_unlock(&dd->lock);
     for (size_t i = 0; i < n; i++) {
         links[i]->ops->cache_removed(links[i], c);
         llmdd__link_put(links[i]);
     }
+    free(links);
     pthread_mutex_lock(&dd->lock);
 }
 
@@ -485,6 +724,31 @@ llmdd__cache_put(llmdd *dd, llmdd__cache *c)
     if (c == NULL)
         return;
     pthread_mutex_lock(&dd->lock);
+    if (--c->refs == 0 && c->dead)
+        pthread_cond_broadcast(&dd->cond);
+    pthread_mutex_unlock(&dd->lock);
+}
+
+void
+llmdd__cache_put_stale(llmdd *dd, llmdd__cache *c, int pidfd)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&dd->lock);
+    if (c->allocated && c->mem.pooled && !c->stale_forever) {
+        int fd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+        int *n = fd >= 0
+                     ? realloc(c->stale_pidfds, (c->nstale + 1) * sizeof(*n))
+                     : NULL;
+        if (n != NULL) {
+            n[c->nstale++] = fd;
+            c->stale_pidfds = n;
+        } else {
+            if (fd >= 0)
+                close(fd);
+            c->stale_forever = true;
+        }
+    }
     if (--c->refs == 0 && c->dead)
         pthread_cond_broadcast(&dd->cond);
     pthread_mutex_unlock(&dd->lock);

@@ -44,6 +44,12 @@ typedef struct llmdd__cache {
     llmdd__mem mem;  /* when allocated */
     int refs;        /* transfers in progress; guarded by dd->lock */
     bool dead;       /* removed from the registry, waiting for refs == 0 */
+    /* Pooled only, guarded by dd->lock: processes that may still write the
+     * pages (llmdd__cache_put_stale); the pool holds them back from reuse
+     * until those exit. forever: one could not be watched. */
+    int *stale_pidfds;
+    size_t nstale;
+    bool stale_forever;
 } llmdd__cache;
 
 typedef struct llmdd__pool llmdd__pool;
@@ -86,6 +92,7 @@ typedef struct llmdd__link {
     bool rx_paused; /* the notification queue is full: not read for now */
     struct llmdd__key_wait *key_waits; /* our KEY_QUERYs awaiting replies */
     uint64_t key_seq;
+    uint64_t notified; /* the last cache_removed round that told it */
     struct llmdd__link *next;
 
     /* The peer's caches we have seen; guarded by rc_lock. */
@@ -119,6 +126,8 @@ struct llmdd {
     struct llmdd__keys *keys; /* cache keys (keys.c); NULL until the first */
     struct llmdd__reqs *reqs; /* requests (request.c); NULL until the first */
     struct llmdd__notifies *notifies; /* received (notify.c); from init */
+    uint64_t notify_serial; /* cache_removed rounds told link by link */
+    bool notify_busy;       /* such a round is running */
 
     llmdd__link *links;
     llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
@@ -128,6 +137,23 @@ struct llmdd {
 
     struct llmdd *next_instance; /* in the process-wide list */
 };
+
+/*
+ * Memory limits (memlimit.c): the process's memory cgroup, so that an
+ * allocation can tell whether its pages fit before it faults them in.
+ */
+typedef struct {
+    int version;    /* 1 or 2; 0: none found, nothing to check */
+    size_t top_len; /* path[0, top_len) is the hierarchy's mount point */
+    char path[4096];
+} llmdd__memcg;
+
+void llmdd__memcg_find(llmdd__memcg *cg);
+/*
+ * Whether len more resident bytes (plus a reserve for the rest of the
+ * process) fit below the limits of cg and of every ancestor.
+ */
+bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
 
 /* Time and misc utilities (util.c). */
 int64_t llmdd__now_ms(void);
@@ -233,6 +259,16 @@ void llmdd__caches_fini(llmdd *dd); /* dd->lock held; waits for refs */
 /* Looks up a live cache and takes a reference; NULL when unknown. */
 llmdd__cache *llmdd__cache_get(llmdd *dd, int64_t id);
 void llmdd__cache_put(llmdd *dd, llmdd__cache *c);
+/*
+ * Drops a reference that stood for another process's access to the
+ * cache's memory (a transport's lease) when that process did not confirm
+ * it stopped touching it. An allocated pooled cache then keeps its pages
+ * out of the pool after it is freed, until the process behind pidfd (a
+ * pidfd, duplicated here; -1: unknown) has exited, or for the pool's life.
+ * Other caches need nothing: a non-pooled cache's memfd pages are never
+ * given to another cache, and registered memory is the user's.
+ */
+void llmdd__cache_put_stale(llmdd *dd, llmdd__cache *c, int pidfd);
 /*
  * The serving side of a remote access: looks up cache `id`, checks that
  * tensors [first, first + count) exist and that every run lies inside a

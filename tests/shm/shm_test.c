@@ -9,9 +9,13 @@
  *
  *   shm_test [test name]
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -314,6 +318,179 @@ test_unlink_then_dealloc(void **state)
     llmdd_destroy(owner);
 }
 
+typedef struct {
+    llmdd *dd;
+    int64_t id;
+    llmdd_status st;
+    int done_fd; /* eventfd, written once the call returned */
+} dealloc_job;
+
+static void *
+dealloc_main(void *arg)
+{
+    dealloc_job *j = arg;
+    uint64_t one = 1;
+
+    j->st = llmdd_deallocate_cache(j->dd, j->id);
+    assert_int_equal(write(j->done_fd, &one, sizeof(one)), sizeof(one));
+    return NULL;
+}
+
+/* More peers than the 64 links a deallocation used to tell. */
+#define MANY 66
+
+/*
+ * A deallocation tells every linked peer, however many: it returns without
+ * waiting for any of them to unlink, and the oldest link (the last in the
+ * owner's table) can no longer reach the cache, even though a new cache
+ * now sits on the same pool pages.
+ */
+static void
+test_dealloc_tells_every_link(void **state)
+{
+    llmdd_option o[] = {{"llm.Transport", "shm"},
+                        {"llm.HostMemPoolConfig", POOL},
+                        {"llm.SyncKvCacheWaitTime", WAIT}};
+    llmdd_cache_desc d = th_desc_kv();
+    static llmdd *peers[MANY];
+    static llmdd_cache local[MANY];
+    llmdd_cache x, y;
+    llmdd *owner;
+    uint16_t port;
+    pthread_t t;
+
+    (void)state;
+    assert_int_equal(llmdd_create(PEER, LLMDD_ROLE_MIX, &owner), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(owner, "127.0.0.1", &port, o, 3),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(owner, &d, &x), LLM_SUCCESS);
+    th_fill(&x, 70);
+    uint64_t x0 = x.tensor_addrs[0]; /* x's array goes with the cache */
+    for (int i = 0; i < MANY; i++) {
+        assert_int_equal(
+            llmdd_create(100 + (uint64_t)i, LLMDD_ROLE_MIX, &peers[i]),
+            LLM_SUCCESS);
+        assert_int_equal(llmdd_initialize(peers[i], o, 1), LLM_SUCCESS);
+        assert_int_equal(th_link(peers[i], PEER, "127.0.0.1", port, 5000),
+                         LLM_SUCCESS);
+        local_kv(peers[i], &local[i]);
+        assert_int_equal(pull_all(peers[i], x.cache_id, &local[i]),
+                         LLM_SUCCESS);
+    }
+    check_cache(&local[0], 70);
+
+    dealloc_job j = {.dd = owner, .id = x.cache_id};
+    j.done_fd = eventfd(0, EFD_CLOEXEC);
+    assert_true(j.done_fd >= 0);
+    assert_int_equal(pthread_create(&t, NULL, dealloc_main, &j), 0);
+    struct pollfd pfd = {.fd = j.done_fd, .events = POLLIN};
+    int ready = poll(&pfd, 1, 10000);
+    if (ready != 1) {
+        /* A peer that was never told keeps its lease: only its unlink
+         * lets the deallocation finish. */
+        for (int i = 0; i < MANY; i++)
+            llmdd_destroy(peers[i]);
+        pthread_join(t, NULL);
+        fail_msg("deallocate waited for the oldest links to end");
+    }
+    pthread_join(t, NULL);
+    close(j.done_fd);
+    assert_int_equal(j.st, LLM_SUCCESS);
+
+    assert_int_equal(llmdd_allocate_cache(owner, &d, &y), LLM_SUCCESS);
+    assert_int_equal(y.tensor_addrs[0], x0); /* the same pages */
+    th_fill(&y, 71);
+    assert_int_equal(pull_all(peers[0], x.cache_id, &local[0]),
+                     LLM_KV_CACHE_NOT_EXIST);
+    check_cache(&local[0], 70);
+    for (int i = MANY - 1; i >= 0; i--)
+        llmdd_destroy(peers[i]);
+    llmdd_destroy(owner);
+}
+
+/*
+ * Opens, read-write, every memfd of the owner that this process (the shm
+ * peer) has mapped, the way any code running in the peer could: through
+ * /proc/self/map_files. Returns how many; fds[] gets them.
+ */
+static int
+peer_memfds(int *fds, int cap)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    assert_non_null(f);
+    while (n < cap && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+        char path[96];
+        if (strstr(line, "/memfd:llmdd-") == NULL ||
+            sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", lo, hi);
+        fds[n] = open(path, O_RDWR | O_CLOEXEC);
+        assert_true(fds[n] >= 0);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/*
+ * The peer receives the owner's memfd. Shrinking it must fail: it would
+ * make the owner's next touch of those pages (a check, the zeroing on
+ * deallocate) die of SIGBUS. With and without a pool.
+ */
+static void
+test_memfd_sealed(void **state)
+{
+    char cmd[64], reply[64];
+    int fds[8];
+
+    (void)state;
+    for (int pooled = 0; pooled < 2; pooled++) {
+        llmdd_cache_desc d = th_desc_kv();
+        uint64_t size = th_tensor_size(&d), addrs[8];
+        llmdd_cache c = {.desc = d, .tensor_addrs = addrs};
+        th_proc p;
+
+        proc_start(&p, NULL, "shm", pooled ? POOL : NULL);
+        llmdd *dd = self_new("shm");
+        assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                         LLM_SUCCESS);
+        /* Registered memory: the only memfds mapped here are the owner's. */
+        uint8_t *mem = calloc(d.num_tensors, size);
+        assert_non_null(mem);
+        for (uint32_t t = 0; t < d.num_tensors; t++)
+            addrs[t] = (uint64_t)(uintptr_t)(mem + t * size);
+        assert_int_equal(
+            llmdd_register_kv_cache(dd, &d, addrs, d.num_tensors, &c.cache_id),
+            LLM_SUCCESS);
+        assert_int_equal(th_proc_cmd(&p, "alloc 80", reply, sizeof(reply)), 0);
+        int64_t id = atoll(reply + 3);
+        assert_int_equal(pull_all(dd, id, &c), LLM_SUCCESS);
+        check_cache(&c, 80);
+
+        int n = peer_memfds(fds, 8);
+        assert_true(n >= 1);
+        for (int i = 0; i < n; i++) {
+            errno = 0;
+            assert_int_equal(ftruncate(fds[i], 0), -1);
+            assert_int_equal(errno, EPERM);
+            close(fds[i]);
+        }
+        /* The owner still reads its pages, and zeroes them on deallocate. */
+        snprintf(cmd, sizeof(cmd), "check %lld 80", (long long)id);
+        assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+        snprintf(cmd, sizeof(cmd), "dealloc %lld", (long long)id);
+        assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+        assert_int_equal(pull_all(dd, id, &c), LLM_KV_CACHE_NOT_EXIST);
+        llmdd_destroy(dd);
+        free(mem);
+        assert_int_equal(th_proc_stop(&p), 0);
+    }
+}
+
 /* Links on auto to a peer that cannot use our socket, and checks that a
  * pull is byte-exact and went over the data plane, not a memfd. */
 static void
@@ -446,6 +623,8 @@ main(int argc, char **argv)
         cmocka_unit_test(test_pool_reuse_proc),
         cmocka_unit_test(test_pool_reuse_inproc),
         cmocka_unit_test(test_unlink_then_dealloc),
+        cmocka_unit_test(test_dealloc_tells_every_link),
+        cmocka_unit_test(test_memfd_sealed),
         cmocka_unit_test(test_stale_socket_swept),
         cmocka_unit_test(test_no_socket),
         cmocka_unit_test(test_other_pid_namespace),

@@ -41,6 +41,21 @@
  *    your memory". A reader releases its leases only after the peer's EOF
  *    (or SHM_BYE_MS), so an unlink or finalize never frees memory that the
  *    peer is still writing.
+ *  - Stalled peers. A peer stopped mid-copy (SIGSTOP, swapped out) neither
+ *    acknowledges an INVAL nor sends its EOF; the owner drops the link and,
+ *    after SHM_BYE_MS, ends the leases anyway so that deallocation returns.
+ *    The peer still has the memory mapped, so such leases end "stale"
+ *    (llmdd__cache_put_stale, with a pidfd of the peer taken when the
+ *    socket was set up): a pooled cache's pages then stay out of the pool
+ *    until the peer process has exited (core/cache.c), while a non-pooled
+ *    cache's memfd pages are never given to another cache anyway. The peer,
+ *    for its part, reports a memfd copy as failed (LLM_NOT_YET_LINK) when
+ *    by its end the owner had half-closed the socket: the copy may have
+ *    met memory that was no longer leased. Registered (CMA) memory cannot
+ *    be held back; the peer checks the socket between CMA batches.
+ *  - Seals. Memfds are sealed against size changes before they are passed
+ *    (core/cache.c): a peer that shrank one would make the owner die of
+ *    SIGBUS. The peer maps only memfds sealed against shrinking.
  *
  * Thread-safety: shm_link.lock guards the entry table, entry users and dead
  * flags, the waiters and the state flags; expose_lock guards the leases and
@@ -60,6 +75,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
@@ -140,6 +156,7 @@ typedef struct {
     int listen_fd; /* server side, until the client connected */
     int sock;      /* -1 until connected; closed at link_fini */
     int wake_fd;   /* eventfd, readable once the link is down */
+    int peer_pidfd;       /* the peer process, from the socket's SO_PEERCRED */
     uint8_t *rbuf, *obuf; /* the reader's, SHM_MSG_MAX each */
 
     pthread_mutex_t lock;
@@ -522,8 +539,13 @@ lease_take(shm_link *sl, int64_t id)
     return NULL;
 }
 
+/*
+ * Ends every lease. Unconfirmed: the peer never said it stopped touching
+ * our memory (it may be stalled mid-copy), so its pooled caches' pages
+ * must not go to another cache while its process lives.
+ */
 static void
-leases_release(shm_link *sl)
+leases_release(shm_link *sl, bool confirmed)
 {
     pthread_mutex_lock(&sl->expose_lock);
     shm_lease *l = sl->leases;
@@ -531,8 +553,17 @@ leases_release(shm_link *sl)
     sl->leases = NULL;
     sl->nleases = sl->leases_cap = 0;
     pthread_mutex_unlock(&sl->expose_lock);
-    for (size_t i = 0; i < n; i++)
-        llmdd__cache_put(sl->link->dd, l[i].c);
+    if (!confirmed && n > 0)
+        log_warn("shm: cluster %llu (pid %u) did not confirm it let go of "
+                 "%zu caches; their pool pages wait for its exit",
+                 (unsigned long long)sl->link->peer.cluster_id,
+                 sl->link->peer.pid, n);
+    for (size_t i = 0; i < n; i++) {
+        if (confirmed)
+            llmdd__cache_put(sl->link->dd, l[i].c);
+        else
+            llmdd__cache_put_stale(sl->link->dd, l[i].c, sl->peer_pidfd);
+    }
     free(l);
 }
 
@@ -662,6 +693,16 @@ shm_map(shm_link *sl, shm_entry *e, int fd, bool pooled, uint64_t fd_off,
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
         st.st_size <= 0)
         goto err_bad;
+    /* A file the owner could still shrink would make our copies fault
+     * (SIGBUS) on the pages it cut: map only memfds sealed against it. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        log_error("shm: cluster %llu passed cache %lld in a file not sealed "
+                  "against shrinking; not mapping it",
+                  cid, (long long)e->id);
+        close(fd);
+        return -1;
+    }
     if (__builtin_add_overflow(fd_off, len, &end) ||
         end > (uint64_t)st.st_size ||
         __builtin_mul_overflow(e->pitch, (uint64_t)e->ntensors, &tensors) ||
@@ -910,21 +951,26 @@ shm_teardown(shm_link *sl, bool peer_closed)
         munmap(pool, pool_len);
 
     shutdown(sl->sock, SHUT_WR);
+    /* The peer's EOF (its own half-close, or its exit) is its word that it
+     * no longer touches our memory; a reset is a close too. */
+    bool confirmed = peer_closed;
     int64_t deadline = llmdd__now_ms() + SHM_BYE_MS;
     while (!peer_closed) {
         shm_msg m;
         int k = shm_recv(sl, &m);
         if (k == 1 && m.fd >= 0)
             close(m.fd);
-        if (k == 0 || k == -2)
+        if (k == 0 || k == -2) {
+            confirmed = k == 0 || errno == ECONNRESET;
             break;
+        }
         if (k == -1 && shm_poll(sl, sl->sock, POLLIN, deadline, false) != 1) {
             log_warn("shm: cluster %llu did not close its socket in time",
                      (unsigned long long)sl->link->peer.cluster_id);
             break;
         }
     }
-    leases_release(sl);
+    leases_release(sl, confirmed);
 }
 
 /* Serves the socket until the link goes down; runs in a counted thread. */
@@ -986,6 +1032,27 @@ shm_reader_main(void *arg)
 }
 
 /* ---- Transfers. ---- */
+
+/*
+ * Whether the owner has begun to end the link: our side is down, or the
+ * owner half-closed or closed the socket. Its teardown starts with that
+ * half-close, and only after it may it free memory a copy of ours targets,
+ * so a copy that finds this false once it is done ran entirely on memory
+ * still leased to us.
+ */
+static bool
+shm_owner_left(shm_link *sl)
+{
+    pthread_mutex_lock(&sl->lock);
+    bool down = sl->down;
+    int fd = sl->sock;
+    pthread_mutex_unlock(&sl->lock);
+    if (down)
+        return true;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
 
 static void
 shm_copy(const shm_entry *e, const llmdd__xfer *x)
@@ -1068,10 +1135,10 @@ shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, int *err)
                 t++;
             }
         }
-        pthread_mutex_lock(&sl->lock);
-        bool down = sl->down;
-        pthread_mutex_unlock(&sl->lock);
-        if (t < x->count && (down || llmdd__now_ms() >= x->deadline_ms))
+        /* A peer that was stopped between batches must not write on into
+         * memory the owner may have handed back meanwhile. */
+        if (t < x->count &&
+            (shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
             return -2;
     }
     return 0;
@@ -1134,9 +1201,16 @@ shm_xfer(llmdd__link *link, const llmdd__xfer *x)
         return shm_stream_xfer(sl, x);
 
     int err = 0, rc = 0;
+    bool left = false;
     if (kind == SHM_KIND_MEMFD) {
         shm_copy(e, x);
         atomic_fetch_add(&stat_memfd, 1);
+        /* Stalled mid-copy (SIGSTOP, a long page fault) past the owner's
+         * patience: the owner dropped the link, and the pages may belong
+         * to another cache by now (a pool hands them out again only once
+         * this process exits, an older owner sooner). Do not call the
+         * copy a success. */
+        left = shm_owner_left(sl);
     } else {
         rc = shm_cma(sl, e, x, &err);
         if (rc == 0)
@@ -1146,6 +1220,8 @@ shm_xfer(llmdd__link *link, const llmdd__xfer *x)
     if (--e->users == 0)
         pthread_cond_broadcast(&sl->cond);
     pthread_mutex_unlock(&sl->lock);
+    if (left)
+        return LLM_NOT_YET_LINK;
     if (rc == 0)
         return LLM_SUCCESS;
     if (rc == -2)
@@ -1225,6 +1301,28 @@ shm_reaches(const llmdd__link *link)
     return true;
 }
 
+/*
+ * A pidfd of the peer process, taken once the socket showed that pid: it
+ * tells, without a race against pid reuse, when the process has exited
+ * (core/cache.c holds pool pages back until then). -1 when the kernel
+ * has no pidfds (before 5.3); such pages then wait for the pool's end.
+ */
+static int
+shm_pidfd(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd >= 0) {
+        (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+        return fd;
+    }
+    log_info("shm: pidfd_open(%d): %s", (int)pid, strerror(errno));
+#else
+    (void)pid;
+#endif
+    return -1;
+}
+
 static int
 shm_peer_pid(int fd)
 {
@@ -1252,7 +1350,7 @@ shm_new(llmdd__link *link)
     if (sl == NULL)
         return NULL;
     sl->link = link;
-    sl->listen_fd = sl->sock = -1;
+    sl->listen_fd = sl->sock = sl->peer_pidfd = -1;
     sl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sl->stream = llmdd__stream_new(link, SHM_FWD_CONNS, SHM_REV_CONNS);
     sl->rbuf = malloc(SHM_MSG_MAX);
@@ -1416,6 +1514,7 @@ shm_accept_sock(shm_link *sl, bool want)
     }
     pthread_mutex_lock(&sl->lock);
     sl->sock = fd;
+    sl->peer_pidfd = shm_pidfd((pid_t)link->peer.pid);
     pthread_mutex_unlock(&sl->lock);
     if (shm_send(sl, SMSG_READY, 0, NULL, 0, -1, deadline) != 0) {
         llmdd__link_drop(link, "shm: socket setup failed");
@@ -1453,6 +1552,7 @@ shm_connect_sock(shm_link *sl, int *err)
                "namespace?)";
     }
     sl->sock = fd;
+    sl->peer_pidfd = shm_pidfd((pid_t)link->peer.pid);
     return NULL;
 }
 
@@ -1579,6 +1679,8 @@ shm_link_fini(llmdd__link *link)
     if (sl->sock >= 0)
         close(sl->sock);
     close(sl->wake_fd);
+    if (sl->peer_pidfd >= 0)
+        close(sl->peer_pidfd);
     while (sl->entries != NULL) {
         shm_entry *e = sl->entries;
         sl->entries = e->next;
