@@ -13,6 +13,7 @@
 
 #include "core/layout.h"
 #include "core/log.h"
+#include "core/metrics.h"
 #include "core/options.h"
 #include "transport/transport.h"
 
@@ -121,6 +122,7 @@ struct llmdd {
     llmdd__ctrl *ctrl;       /* listener and control thread; NULL when down */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
+    llmdd__metrics metrics;  /* atomics, no lock (metrics.h) */
 
     struct llmdd *next_instance; /* in the process-wide list */
 };

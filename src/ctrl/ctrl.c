@@ -195,6 +195,7 @@ llmdd__link_drop(llmdd__link *link, const char *why)
     pthread_mutex_unlock(&dd->lock);
     if (!was_live)
         return;
+    llmdd__metrics_link_event(dd, false);
     log_info("link to cluster %llu dropped: %s",
              (unsigned long long)link->peer.cluster_id, why);
     shutdown(link->ctrl_fd, SHUT_RDWR);
@@ -266,8 +267,10 @@ link_publish(llmdd *dd, llmdd__link *link)
         pthread_cond_broadcast(&dd->cond); /* a crossed link call waits */
     }
     pthread_mutex_unlock(&dd->lock);
-    if (st == LLM_SUCCESS)
+    if (st == LLM_SUCCESS) {
+        llmdd__metrics_link_event(dd, true);
         llmdd__ctrl_wake(dd);
+    }
     return st;
 }
 
@@ -1459,6 +1462,8 @@ link_job_main(void *arg)
 
     j->st = j->unlink ? unlink_one(j->dd, j->ci, j->deadline, j->force)
                       : link_one(j->dd, j->ci, j->deadline);
+    if (!j->unlink)
+        llmdd__metrics_link_attempt(j->dd, j->st);
     return NULL;
 }
 
