@@ -85,6 +85,7 @@ enum llmdd__metrics_op {
 typedef _Atomic uint64_t llmdd__counter;
 
 typedef struct llmdd__metrics {
+    /* Side 0 counts successes in hist only: one atomic less per call. */
     llmdd__counter xfers[LLMDD__METRICS_NSIDE][LLMDD__OP_COUNT]
                         [LLMDD__METRICS_NTP][LLMDD__METRICS_NSTATUS];
     llmdd__counter bytes[LLMDD__METRICS_NSIDE][LLMDD__OP_COUNT]
@@ -93,19 +94,19 @@ typedef struct llmdd__metrics {
     llmdd__counter hist[LLMDD__OP_COUNT][LLMDD__METRICS_NTP]
                        [LLMDD__METRICS_NBUCKETS];
     llmdd__counter hist_ns[LLMDD__OP_COUNT][LLMDD__METRICS_NTP];
-    _Atomic int64_t in_flight;
+    llmdd__counter begun; /* calls begun; in flight: begun - ended */
     llmdd__counter link_attempts[LLMDD__METRICS_NSTATUS];
     llmdd__counter links_up, links_down;
     llmdd__counter notify_sent, notify_recv; /* 0 until notifications land */
 } llmdd__metrics;
 
 /*
- * A transfer call begins: counts it in flight and returns its start time
- * (CLOCK_MONOTONIC, ns), which the matching llmdd__metrics_xfer takes.
+ * A transfer call begins: counts it in flight and returns its start stamp
+ * (opaque), which the matching llmdd__metrics_xfer takes.
  */
 uint64_t llmdd__metrics_begin(llmdd *dd);
 /*
- * The call that began at t0_ns ended with `st`. ops: the link's transport,
+ * The call that began at stamp t0 ended with `st`. ops: the link's transport,
  * NULL when none was reached (ignored for a copy). bytes: what the call
  * covers, whether or not it all moved.
  */
