@@ -59,16 +59,11 @@ value_of(const char *text, const char *series)
 static cu_result
 pull(const char *addr, const char *const *extra)
 {
-    const char *args[40] = {"pull",
-                            "--connect",
-                            addr,
-                            "--cluster-id",
-                            "8",
-                            "--remote-cluster-id",
-                            "7",
-                            "--transport",
-                            "tcp",
-                            "--verify",
+    const char *args[40] = {"pull", "--connect",
+                            addr,   "--cluster-id",
+                            "8",    "--remote-cluster-id",
+                            "7",    "--transport",
+                            "tcp",  "--verify",
                             SHAPE};
     size_t n = 0;
 
@@ -141,8 +136,7 @@ test_served_counters_match_pulls(void **state)
     assert_int_equal(value_of(body + 4, "llmdd_links_established_total"), 2);
     assert_int_equal(value_of(body + 4, "llmdd_links_dropped_total"), 2);
     assert_int_equal(value_of(body + 4, "llmdd_links{direction=\"in\"}"), 0);
-    assert_int_equal(value_of(body + 4, "llmdd_caches{kind=\"allocated\"}"),
-                     2);
+    assert_int_equal(value_of(body + 4, "llmdd_caches{kind=\"allocated\"}"), 2);
     free(reply);
 
     /* Only /metrics. */
@@ -151,9 +145,8 @@ test_served_counters_match_pulls(void **state)
     free(reply);
 
     /* stats reads the same endpoint. */
-    r = cu_run(30, (const char *[]){"stats", "--metrics-url", url,
-                                    "--interval", "0.1", "--count", "1",
-                                    NULL});
+    r = cu_run(30, (const char *[]){"stats", "--metrics-url", url, "--interval",
+                                    "0.1", "--count", "1", NULL});
     if (r.code != 0)
         cu_dump("stats", &r);
     assert_int_equal(r.code, 0);
@@ -205,6 +198,6 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_served_counters_match_pulls, teardown),
         cmocka_unit_test_teardown(test_bad_metrics_args, teardown),
     };
-    return cu_main("metrics", tests, sizeof(tests) / sizeof(tests[0]), argc,
-                   argv);
+    return cu_main("serve_metrics", tests, sizeof(tests) / sizeof(tests[0]),
+                   argc, argv);
 }
