@@ -382,6 +382,16 @@ LLMDD_API llmdd_status llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id,
                                                size_t key_len,
                                                llmdd_cache_index *index_out);
 
+/*
+ * Metrics (0.2): the Prometheus text exposition (format 0.0.4) of this
+ * instance's counters, histograms and gauges; docs/operations.md lists them.
+ * snprintf's convention: returns the length the whole text needs (without
+ * the NUL); writes at most cap bytes into buf, NUL-terminated when cap > 0.
+ * The text may grow between two calls, so size the buffer with some slack.
+ * dd NULL: returns 0. Thread-safe; cheap enough to call on every scrape.
+ */
+LLMDD_API size_t llmdd_metrics_text(llmdd *dd, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

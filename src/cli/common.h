@@ -297,5 +297,14 @@ int cli_serve(int argc, char **argv);
 int cli_pull(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_stats(int argc, char **argv);
+
+/* ---- The /metrics endpoint (metrics_http.c), on its own thread. ---- */
+
+typedef struct cli_metrics_server cli_metrics_server;
+/* Serves GET /metrics of dd on ip:port; NULL with a message in err. */
+cli_metrics_server *cli_metrics_start(llmdd *dd, const char *ip, uint16_t port,
+                                      char *err, size_t cap);
+void cli_metrics_stop(cli_metrics_server *s); /* NULL is a no-op */
 
 #endif

@@ -55,6 +55,8 @@ static const struct {
 } info_env[] = {
     {"LLMDD_LOG_LEVEL", "warn",
      "error, warn, info or debug: what the library logs to stderr"},
+    {"LLMDD_LOG_FORMAT", "text",
+     "json: one JSON object a log line (ts, level, pid, tid, msg)"},
     {"UCX_TLS and other UCX_*", "UCX's own",
      "read by UCX itself when the ucx transport is used"},
     {"UCX_TCP_TX_SEG_SIZE", "256k (set by llmdd)",

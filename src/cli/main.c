@@ -21,6 +21,7 @@ static const char main_usage[] =
     "  bench   sweep pull/push/pull-blocks/link over block sizes, with a\n"
     "          memcpy or raw-TCP baseline; tables, JSON, CSV, a plot\n"
     "  info    version, transports, option keys and environment variables\n"
+    "  stats   live rates from a /metrics endpoint (`serve --metrics`)\n"
     "\n"
     "Run 'llmdd <command> --help' for its options. Exit status: 0 success,\n"
     "1 a library call or a check failed, 2 bad usage.\n";
@@ -32,7 +33,7 @@ static const struct {
 } main_cmds[] = {
     {"demo", "llmdd demo", cli_demo}, {"serve", "llmdd serve", cli_serve},
     {"pull", "llmdd pull", cli_pull}, {"bench", "llmdd bench", cli_bench},
-    {"info", "llmdd info", cli_info},
+    {"info", "llmdd info", cli_info}, {"stats", "llmdd stats", cli_stats},
 };
 
 int

@@ -30,6 +30,9 @@ static const char serve_usage[] =
     "                        can check them; without it they stay zero\n"
     "  -t, --transport NAME  auto (default), shm, tcp, ucx\n"
     "      --layers N        same as --num-layers\n" CLI_SHAPE_HELP
+    "      --metrics IP:PORT serve Prometheus metrics over HTTP at\n"
+    "                        http://IP:PORT/metrics (`llmdd stats` reads "
+    "them)\n"
     "  -o, --option K=V      extra llmdd option (e.g. -o llm.AuthToken=s);\n"
     "                        see `llmdd info`\n"
     "  -h, --help            this text\n";
@@ -54,11 +57,12 @@ serve_describe(const char *what, const char *unit, const llmdd_cache *c,
 int
 cli_serve(int argc, char **argv)
 {
-    enum { OPT_FILL = CLI_OPT_FIRST_FREE };
+    enum { OPT_FILL = CLI_OPT_FIRST_FREE, OPT_METRICS };
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
         {"cluster-id", required_argument, NULL, 'c'},
         {"fill", optional_argument, NULL, OPT_FILL},
+        {"metrics", required_argument, NULL, OPT_METRICS},
         {"transport", required_argument, NULL, 't'},
         {"option", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
@@ -69,7 +73,10 @@ cli_serve(int argc, char **argv)
     cli_lib_opts lo;
     cli_shape shape;
     char ip[LLMDD_IP_LEN], err[1024], flags[256];
-    uint16_t port = 0;
+    uint16_t port = 0, mport = 0;
+    char mip[LLMDD_IP_LEN];
+    bool have_metrics = false;
+    cli_metrics_server *ms = NULL;
     uint64_t cluster = 0;
     bool have_listen = false, have_cluster = false, fill = false;
     uint32_t seed = CLI_DEFAULT_SEED;
@@ -111,6 +118,15 @@ cli_serve(int argc, char **argv)
                 cli_usage_err("--fill: bad seed \"%s\"", optarg);
                 goto out;
             }
+            break;
+        case OPT_METRICS:
+            if (!cli_parse_hostport(optarg, mip, sizeof(mip), &mport)) {
+                cli_usage_err("--metrics: \"%s\" is not IP:PORT with a port "
+                              "in 1..65535",
+                              optarg);
+                goto out;
+            }
+            have_metrics = true;
             break;
         case 't':
             if (!cli_set_transport(&lo, optarg))
@@ -176,6 +192,11 @@ cli_serve(int argc, char **argv)
         goto out;
     }
     have_paged = true;
+    if (have_metrics &&
+        (ms = cli_metrics_start(dd, mip, mport, err, sizeof(err))) == NULL) {
+        cli_err("%s", err);
+        goto out;
+    }
     if (fill) {
         cli_fill_cache(&kv, cli_cache_seed(seed, kv.cache_id));
         cli_fill_cache(&paged, cli_cache_seed(seed, paged.cache_id));
@@ -201,6 +222,9 @@ cli_serve(int argc, char **argv)
            any ? "  (from another host, put this host's address in "
                  "--connect)\n"
                : "");
+    if (ms != NULL)
+        printf("metrics: http://%s/metrics\n",
+               cli_fmt_addr(addr, sizeof(addr), mip, mport));
     printf("serving; Ctrl-C or SIGTERM stops it\n");
 
     int sig = 0;
@@ -210,6 +234,7 @@ cli_serve(int argc, char **argv)
            sig == SIGINT ? "SIGINT" : "SIGTERM");
     rc = CLI_EXIT_OK;
 out:
+    cli_metrics_stop(ms); /* it reads dd */
     if (have_paged &&
         (st = llmdd_deallocate_cache(dd, paged.cache_id)) != LLM_SUCCESS) {
         cli_err_st(st, "llmdd_deallocate_cache(%" PRId64 ")", paged.cache_id);

@@ -1,4 +1,7 @@
-# The `llmdd` tool: uses only the public API (<llmdd/llmdd.h>) and cJSON.
+# The `llmdd` tool: uses only the public API (<llmdd/llmdd.h>), cJSON and,
+# for the /metrics endpoint of `llmdd serve`, libmicrohttpd (the library
+# itself never links it).
+pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd)
 add_executable(llmdd_cli
   src/cli/main.c
   src/cli/common.c
@@ -7,6 +10,9 @@ add_executable(llmdd_cli
   src/cli/pull.c
   src/cli/bench.c
   src/cli/info.c
+  src/cli/metrics_http.c
+  src/cli/stats.c
 )
 set_target_properties(llmdd_cli PROPERTIES OUTPUT_NAME llmdd)
-target_link_libraries(llmdd_cli PRIVATE llmdd PkgConfig::CJSON Threads::Threads)
+target_link_libraries(llmdd_cli PRIVATE llmdd PkgConfig::CJSON PkgConfig::MHD
+                      Threads::Threads)

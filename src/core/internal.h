@@ -14,6 +14,7 @@
 
 #include "core/layout.h"
 #include "core/log.h"
+#include "core/metrics.h"
 #include "core/options.h"
 #include "transport/transport.h"
 
@@ -134,6 +135,7 @@ struct llmdd {
     llmdd__ctrl *ctrl;       /* listener and control thread; NULL when down */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
+    llmdd__metrics metrics;  /* atomics, no lock (metrics.h) */
 
     struct llmdd *next_instance; /* in the process-wide list */
 };
@@ -221,6 +223,9 @@ typedef struct {
     uint32_t tnpl;  /* tensors a layer, for LLMDD_XFER_LAYERWISE */
     const void *notify;
     size_t notify_len;
+    enum llmdd__metrics_op op; /* counted when the request is done */
+    uint64_t bytes;
+    uint64_t t0; /* llmdd__metrics_begin's stamp */
 } llmdd__request_plan;
 llmdd_status llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
                                    llmdd_request **req_out);

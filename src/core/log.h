@@ -1,6 +1,14 @@
 /*
  * A small leveled logger. The level comes from LLMDD_LOG_LEVEL (error, warn,
- * info, debug, or 0..4), read once; the default is warn. Lines go to stderr.
+ * info, debug, or 0..4), read once; the default is warn. Lines go to stderr:
+ *   llmdd 2026-01-31T12:34:56.789Z PID/TID warn: message
+ * or, with LLMDD_LOG_FORMAT=json, one JSON object a line for collectors:
+ *   {"ts":"...Z","level":"warn","pid":1,"tid":2,"msg":"message"}
+ * Timestamps are UTC with milliseconds. Lines carry pid and tid, not the
+ * instance's cluster id: the log functions take no instance, and a
+ * thread-local id would have to be set on every API entry and library
+ * thread; messages about a peer name its cluster, and a process usually
+ * holds one instance (docs/operations.md).
  * Thread-safe: each line is written with one write(2).
  */
 #ifndef LLMDD_CORE_LOG_H

@@ -63,6 +63,8 @@ struct llmdd_request {
     uint32_t layers_left;
     uint8_t *notify;
     size_t notify_len;
+    enum llmdd__metrics_op op;
+    uint64_t bytes, t0;
     llmdd__cancel cancel; /* fd -1 for synchronous calls */
 
     /* Guarded by owner->lock. */
@@ -204,6 +206,8 @@ finish(llmdd_request *q)
         if (st != LLM_SUCCESS)
             q->status = st;
     }
+    llmdd__metrics_xfer(q->dd, q->op, q->link->ops, q->status, q->bytes,
+                        q->t0);
     llmdd__link_remote_put(q->link, q->rc);
     llmdd__link_put(q->link);
     llmdd__cache_put(q->dd, q->lc);
@@ -371,6 +375,9 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
     }
     /* The request owns the plan and its references from here on. */
     q->x = p->x;
+    q->op = p->op;
+    q->bytes = p->bytes;
+    q->t0 = p->t0;
     q->link = p->link;
     q->lc = p->lc;
     q->rc = p->rc;
@@ -398,6 +405,7 @@ err_plan:
     free(j);
     if (q != NULL)
         request_destroy(q);
+    llmdd__metrics_xfer(dd, p->op, p->link->ops, st, p->bytes, p->t0);
     plan_release(dd, p);
     return st;
 }

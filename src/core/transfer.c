@@ -144,6 +144,14 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
     return llmdd__spans_match(lspan, *rspan);
 }
 
+static enum llmdd__metrics_op
+xfer_op(const xfer_args *a)
+{
+    if (a->kind == KIND_CACHE)
+        return a->write ? LLMDD__OP_PUSH : LLMDD__OP_PULL;
+    return a->write ? LLMDD__OP_PUSH_BLOCKS : LLMDD__OP_PULL_BLOCKS;
+}
+
 /* Builds the run list; *runs_out is malloc'd. */
 static llmdd_status
 plan_runs(const xfer_args *a, const llmdd__cache *lc,
@@ -185,10 +193,13 @@ plan_runs(const xfer_args *a, const llmdd__cache *lc,
 
 /*
  * Every pull and push, synchronous or posted: the checks of MODEL.md in
- * their order, then a plan that request.c runs now or posts.
+ * their order, then a plan that request.c runs now or posts. Once the plan
+ * is submitted (*submitted), the request counts its metrics when done.
  */
 static llmdd_status
-remote_xfer(llmdd *dd, const xfer_args *a)
+remote_xfer_run(llmdd *dd, const xfer_args *a,
+                const llmdd_transport_ops **ops_out, uint64_t *bytes_out,
+                uint64_t t0, bool *submitted)
 {
     llmdd__tensor_span lspan, rspan;
     llmdd__remote_cache *rc;
@@ -220,6 +231,7 @@ remote_xfer(llmdd *dd, const xfer_args *a)
         st = LLM_NOT_YET_LINK;
         goto out_cache;
     }
+    *ops_out = link->ops;
     st = llmdd__link_remote(link, a->remote_index->cache_id, deadline, &rc);
     if (st != LLM_SUCCESS)
         goto out_link;
@@ -227,6 +239,8 @@ remote_xfer(llmdd *dd, const xfer_args *a)
         goto out_remote;
     if ((st = plan_runs(a, lc, rc, &runs, &nruns)) != LLM_SUCCESS)
         goto out_remote;
+    for (size_t i = 0; i < nruns; i++)
+        *bytes_out += runs[i].len * rspan.count;
     local = malloc(lspan.count * sizeof(*local));
     if (local == NULL) {
         free(runs);
@@ -252,8 +266,12 @@ remote_xfer(llmdd *dd, const xfer_args *a)
         .tnpl = layer_tensors(a),
         .notify = a->opts != NULL ? a->opts->notify : NULL,
         .notify_len = a->opts != NULL ? a->opts->notify_len : 0,
+        .op = xfer_op(a),
+        .bytes = *bytes_out,
+        .t0 = t0,
     };
     /* The plan's references and arrays are the request's now. */
+    *submitted = true;
     return llmdd__request_submit(dd, &p, a->post ? a->req_out : NULL);
 
 out_remote:
@@ -262,6 +280,24 @@ out_link:
     llmdd__link_put(link);
 out_cache:
     llmdd__cache_put(dd, lc);
+    return st;
+}
+
+/* Every remote transfer, timed and counted once, whatever its outcome. */
+static llmdd_status
+remote_xfer(llmdd *dd, const xfer_args *a)
+{
+    const llmdd_transport_ops *ops = NULL;
+    uint64_t bytes = 0;
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    uint64_t t0 = llmdd__metrics_begin(dd);
+    bool submitted = false;
+    st = remote_xfer_run(dd, a, &ops, &bytes, t0, &submitted);
+    if (!submitted) /* refused before it became a request */
+        llmdd__metrics_xfer(dd, xfer_op(a), ops, st, bytes, t0);
     return st;
 }
 
@@ -441,10 +477,10 @@ copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
     }
 }
 
-llmdd_status
-llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-                    uint32_t src_batch_index, uint32_t dst_batch_index,
-                    uint64_t offset, int64_t size)
+static llmdd_status
+copy_cache_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+               uint32_t src_batch_index, uint32_t dst_batch_index,
+               uint64_t offset, int64_t size, uint64_t *bytes_out)
 {
     llmdd__cache *s, *d;
     llmdd_status st;
@@ -467,6 +503,7 @@ llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
                       .dst_off = dst_batch_index * d->stride + offset,
                       .len = len};
     copy_runs(s, d, &run, 1);
+    *bytes_out = len * s->desc.num_tensors;
     st = LLM_SUCCESS;
 out:
     llmdd__cache_put(dd, s);
@@ -474,10 +511,10 @@ out:
     return st;
 }
 
-llmdd_status
-llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-                     const uint64_t *src_blocks, const uint64_t *dst_blocks,
-                     size_t num_blocks)
+static llmdd_status
+copy_blocks_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+                const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                size_t num_blocks, uint64_t *bytes_out)
 {
     llmdd__cache *s, *d;
     llmdd__run *runs;
@@ -516,9 +553,45 @@ llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
     }
     copy_runs(s, d, runs, n);
     free(runs);
+    *bytes_out = num_blocks * s->stride * s->desc.num_tensors;
     st = LLM_SUCCESS;
 out:
     llmdd__cache_put(dd, s);
     llmdd__cache_put(dd, d);
+    return st;
+}
+
+/* The two copies, timed and counted once, like remote transfers. */
+llmdd_status
+llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+                    uint32_t src_batch_index, uint32_t dst_batch_index,
+                    uint64_t offset, int64_t size)
+{
+    uint64_t bytes = 0;
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    uint64_t t0 = llmdd__metrics_begin(dd);
+    st = copy_cache_run(dd, src, dst, src_batch_index, dst_batch_index, offset,
+                        size, &bytes);
+    llmdd__metrics_xfer(dd, LLMDD__OP_COPY, NULL, st, bytes, t0);
+    return st;
+}
+
+llmdd_status
+llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
+                     const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                     size_t num_blocks)
+{
+    uint64_t bytes = 0;
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    uint64_t t0 = llmdd__metrics_begin(dd);
+    st = copy_blocks_run(dd, src, dst, src_blocks, dst_blocks, num_blocks,
+                         &bytes);
+    llmdd__metrics_xfer(dd, LLMDD__OP_COPY, NULL, st, bytes, t0);
     return st;
 }

@@ -195,6 +195,7 @@ llmdd__link_drop(llmdd__link *link, const char *why)
     pthread_mutex_unlock(&dd->lock);
     if (!was_live)
         return;
+    llmdd__metrics_link_event(dd, false);
     log_info("link to cluster %llu dropped: %s",
              (unsigned long long)link->peer.cluster_id, why);
     shutdown(link->ctrl_fd, SHUT_RDWR);
@@ -267,8 +268,10 @@ link_publish(llmdd *dd, llmdd__link *link)
         pthread_cond_broadcast(&dd->cond); /* a crossed link call waits */
     }
     pthread_mutex_unlock(&dd->lock);
-    if (st == LLM_SUCCESS)
+    if (st == LLM_SUCCESS) {
+        llmdd__metrics_link_event(dd, true);
         llmdd__ctrl_wake(dd);
+    }
     return st;
 }
 
@@ -756,6 +759,8 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
             llmdd__link_drop(link, "notification lost: out of memory");
             return false;
         }
+        atomic_fetch_add_explicit(&dd->metrics.notify_recv, 1,
+                                  memory_order_relaxed);
         if (llmdd__notify_full(dd)) {
             /* Backpressure, never loss: read this link again once the
              * application drains the queue (llmdd__ctrl_resume_links). */
@@ -822,8 +827,11 @@ llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
     int rc = llmdd__send_msg(link->dd, link->ctrl_fd, WMSG_NOTIFY, msg, len,
                              deadline_ms);
     pthread_mutex_unlock(&link->wlock);
-    if (rc == 0)
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&link->dd->metrics.notify_sent, 1,
+                                  memory_order_relaxed);
         return LLM_SUCCESS;
+    }
     /* Part of a frame may have gone out: the connection is unusable. */
     bool late = llmdd__now_ms() >= deadline_ms;
     llmdd__link_drop(link, late ? "notification not taken in time"
@@ -1544,6 +1552,8 @@ link_job_main(void *arg)
 
     j->st = j->unlink ? unlink_one(j->dd, j->ci, j->deadline, j->force)
                       : link_one(j->dd, j->ci, j->deadline);
+    if (!j->unlink)
+        llmdd__metrics_link_attempt(j->dd, j->st);
     return NULL;
 }
 

@@ -312,6 +312,9 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
     }
     if (tb != bases)
         free(tb);
+    llmdd__metrics_served(dd, s->link->ops, type == WMSG_WRITE,
+                          rc != 0 && st == LLM_SUCCESS ? LLM_FAILED : st,
+                          req.total);
     serve_mark(s, fd, 0);
     llmdd__cache_put(dd, c);
     return rc;

@@ -727,11 +727,11 @@ ucx_am_serve(ucx_link *ul, bool put, const void *header, size_t hlen,
         rep->reg = r;
         r->sending++;
     }
-    llmdd__ucx_ack_encode(m.tag,
-                          r != NULL  ? LLM_SUCCESS
-                          : ul->down ? LLM_NOT_YET_LINK
-                                     : LLM_KV_CACHE_NOT_EXIST,
-                          rep->hdr, sizeof(rep->hdr));
+    llmdd_status st = r != NULL  ? LLM_SUCCESS
+                      : ul->down ? LLM_NOT_YET_LINK
+                                 : LLM_KV_CACHE_NOT_EXIST;
+    llmdd__ucx_ack_encode(m.tag, st, rep->hdr, sizeof(rep->hdr));
+    llmdd__metrics_served(ul->link->dd, ul->link->ops, put, st, m.len);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
                         UCP_OP_ATTR_FIELD_USER_DATA,

@@ -1,0 +1,203 @@
+/*
+ * The /metrics endpoint as an operator scrapes it: `llmdd serve --metrics`
+ * and `llmdd pull` as two real processes over tcp; the serving side's
+ * "served" counters and bytes match what the puller moved; the endpoint
+ * speaks HTTP with the exposition content type, answers 404 elsewhere, and
+ * `llmdd stats` reads it.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+
+#define SHAPE "--model", "tiny", "--tokens", "64", "--batch", "3"
+#define REPLY_MAX (1u << 20)
+
+/* GET path from 127.0.0.1:port with HTTP/1.0; the whole reply, malloc'd. */
+static char *
+http_get(uint16_t port, const char *path)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    char req[256], *buf = malloc(REPLY_MAX + 1);
+    size_t len = 0;
+    ssize_t n;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_non_null(buf);
+    assert_true(fd >= 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int rl = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
+    assert_int_equal(write(fd, req, (size_t)rl), rl);
+    while (len < REPLY_MAX && (n = read(fd, buf + len, REPLY_MAX - len)) > 0)
+        len += (size_t)n;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* The value of the sample `series` (name and labels, exactly); -1 if none. */
+static long long
+value_of(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return strtoll(p + n + 1, NULL, 10);
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return -1;
+}
+
+static cu_result
+pull(const char *addr, const char *const *extra)
+{
+    const char *args[40] = {"pull", "--connect",
+                            addr,   "--cluster-id",
+                            "8",    "--remote-cluster-id",
+                            "7",    "--transport",
+                            "tcp",  "--verify",
+                            SHAPE};
+    size_t n = 0;
+
+    while (args[n] != NULL)
+        n++;
+    for (; extra != NULL && *extra != NULL && n < 38; extra++)
+        args[n++] = *extra;
+    args[n] = NULL;
+    return cu_run(60, args);
+}
+
+static void
+test_served_counters_match_pulls(void **state)
+{
+    (void)state;
+    char addr[32], maddr[32], url[64], line[512];
+    uint16_t mport = cu_free_port();
+    cu_bg bg;
+
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cu_free_port());
+    snprintf(maddr, sizeof(maddr), "127.0.0.1:%u", mport);
+    const char *args[] = {"serve",     "--listen",    addr,  "--cluster-id",
+                          "7",         "--transport", "tcp", "--fill",
+                          "--metrics", maddr,         SHAPE, NULL};
+    cu_start(&bg, args);
+    if (!cu_wait_line(&bg, "serving", line, sizeof(line), 20)) {
+        cu_result r = cu_stop(&bg, SIGKILL, 10);
+        cu_dump("serve did not come up", &r);
+        fail();
+    }
+    snprintf(url, sizeof(url), "http://%s/metrics", maddr);
+    assert_non_null(strstr(bg.seen, url));
+
+    /* Nothing served yet, and the reply is an exposition. */
+    char *reply = http_get(mport, "/metrics");
+    assert_true(strncmp(reply, "HTTP/1.1 200", 12) == 0 ||
+                strncmp(reply, "HTTP/1.0 200", 12) == 0);
+    assert_non_null(strstr(reply, "Content-Type: text/plain; version=0.0.4"));
+    assert_non_null(strstr(reply, "# TYPE llmdd_transfers_total counter"));
+    assert_null(strstr(reply, "side=\"served\""));
+    free(reply);
+
+    /* One slot (8 tensors of 16 KiB) and five blocks (8 tensors of 4 KiB
+     * each): one request each on the data plane. */
+    cu_result r = pull(addr, (const char *[]){"--batch-index", "2", NULL});
+    if (r.code != 0)
+        cu_dump("pull", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "verified: 128 KiB"));
+    cu_result_free(&r);
+    r = pull(addr, (const char *[]){"--blocks", "0,3,5-7", NULL});
+    if (r.code != 0)
+        cu_dump("pull", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "verified: 160 KiB"));
+    cu_result_free(&r);
+
+    reply = http_get(mport, "/metrics");
+    const char *body = strstr(reply, "\r\n\r\n");
+    assert_non_null(body);
+    const char *served = "{side=\"served\",op=\"pull\",transport=\"tcp\","
+                         "status=\"LLM_SUCCESS\"}";
+    char s[256];
+    snprintf(s, sizeof(s), "llmdd_transfers_total%s", served);
+    assert_int_equal(value_of(body + 4, s), 2);
+    snprintf(s, sizeof(s), "llmdd_transfer_bytes_total%s", served);
+    assert_int_equal(value_of(body + 4, s), (128 + 160) * 1024);
+    /* The owner called nothing itself; both links came and went. */
+    assert_null(strstr(body, "side=\"caller\""));
+    assert_int_equal(value_of(body + 4, "llmdd_links_established_total"), 2);
+    assert_int_equal(value_of(body + 4, "llmdd_links_dropped_total"), 2);
+    assert_int_equal(value_of(body + 4, "llmdd_links{direction=\"in\"}"), 0);
+    assert_int_equal(value_of(body + 4, "llmdd_caches{kind=\"allocated\"}"), 2);
+    free(reply);
+
+    /* Only /metrics. */
+    reply = http_get(mport, "/other");
+    assert_true(strncmp(reply + 9, "404", 3) == 0);
+    free(reply);
+
+    /* stats reads the same endpoint. */
+    r = cu_run(30, (const char *[]){"stats", "--metrics-url", url, "--interval",
+                                    "0.1", "--count", "1", NULL});
+    if (r.code != 0)
+        cu_dump("stats", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "transfers/s"));
+    assert_non_null(strstr(r.out, "served"));
+    cu_result_free(&r);
+
+    r = cu_stop(&bg, SIGTERM, 20);
+    assert_int_equal(r.code, 0);
+    cu_result_free(&r);
+}
+
+static void
+test_bad_metrics_args(void **state)
+{
+    (void)state;
+    cu_result r = cu_run(10, (const char *[]){"serve", "--listen",
+                                              "127.0.0.1:1", "--cluster-id",
+                                              "7", "--metrics", "nope", NULL});
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "--metrics"));
+    cu_result_free(&r);
+    r = cu_run(10, (const char *[]){"stats", "--metrics-url",
+                                    "ftp://127.0.0.1:1/metrics", NULL});
+    assert_int_equal(r.code, 2);
+    cu_result_free(&r);
+    /* Nobody there: a failure, not a hang. */
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/metrics", cu_free_port());
+    r = cu_run(20, (const char *[]){"stats", "--metrics-url", url, "--count",
+                                    "1", NULL});
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "cannot connect"));
+    cu_result_free(&r);
+}
+
+static int
+teardown(void **state)
+{
+    (void)state;
+    cu_reap_all();
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_served_counters_match_pulls, teardown),
+        cmocka_unit_test_teardown(test_bad_metrics_args, teardown),
+    };
+    return cu_main("serve_metrics", tests, sizeof(tests) / sizeof(tests[0]),
+                   argc, argv);
+}
