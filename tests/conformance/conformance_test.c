@@ -76,8 +76,8 @@ verify_local(const llmdd_cache *c, const shadow *m)
         for (uint64_t i = 0; i < m->size; i++)
             if (p[i] != m->t[t][i])
                 fail_msg("local cache %lld tensor %d byte %llu: %u != %u",
-                         (long long)c->cache_id, t, (unsigned long long)i,
-                         p[i], m->t[t][i]);
+                         (long long)c->cache_id, t, (unsigned long long)i, p[i],
+                         m->t[t][i]);
     }
 }
 
@@ -175,7 +175,7 @@ teardown(void **state)
         th_peer_teardown(peer, &ids);
         llmdd_destroy(peer);
     }
-    shadow *all[] = {&r_kv, &r_reg, &r_blocks, &r_small,
+    shadow *all[] = {&r_kv, &r_reg,    &r_blocks, &r_small,
                      &m_kv, &m_blocks, &m_small};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         shadow_free(all[i]);
@@ -260,8 +260,7 @@ test_pull_blocks_scattered(void **state)
     llmdd_cache_index idx = {PEER, ids.blocks, 0};
 
     (void)state;
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 7,
-                                          NULL),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 7, NULL),
                      LLM_SUCCESS);
     model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, 7);
     verify_all();
@@ -275,8 +274,7 @@ test_pull_blocks_duplicate_dst(void **state)
     llmdd_cache_index idx = {PEER, ids.blocks, 0};
 
     (void)state;
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 2,
-                                          NULL),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 2, NULL),
                      LLM_SUCCESS);
     model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, 2);
     verify_all();
@@ -291,8 +289,7 @@ test_pull_blocks_layer_range(void **state)
     llmdd_kv_ext_param ext = {{0, 0}, {3, 3}, 2};
 
     (void)state;
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 4,
-                                          &ext),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, 4, &ext),
                      LLM_SUCCESS);
     model_blocks(&m_blocks, &r_blocks, 6, 0, 2, sb, db, 4);
     verify_all();
@@ -314,9 +311,9 @@ test_pull_blocks_many_runs(void **state)
 
     (void)state;
     if (proc_mode) {
-        assert_int_equal(th_proc_cmd(&proc, "alloc-blocks 140000 8 7", reply,
-                                     sizeof(reply)),
-                         0);
+        assert_int_equal(
+            th_proc_cmd(&proc, "alloc-blocks 140000 8 7", reply, sizeof(reply)),
+            0);
         rid = atoll(reply + 3);
     } else {
         llmdd_cache c;
@@ -367,14 +364,14 @@ test_blocks_more_than_a_tensor(void **state)
         sb[NB + k] = 40 + k;
         db[NB + k] = 5 + k;
     }
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db,
-                                          NB + EXTRA, NULL),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &idx, &l_blocks, sb, db, NB + EXTRA, NULL),
+        LLM_SUCCESS);
     model_blocks(&m_blocks, &r_blocks, 0, 0, NT, sb, db, NB + EXTRA);
     verify_all();
-    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &idx, db, sb,
-                                          NB + EXTRA, NULL),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_blocks(dd, &l_blocks, &idx, db, sb, NB + EXTRA, NULL),
+        LLM_SUCCESS);
     model_blocks(&r_blocks, &m_blocks, 0, 0, NT, db, sb, NB + EXTRA);
     verify_all();
 }
@@ -412,8 +409,7 @@ test_push_blocks(void **state)
     llmdd_cache_index idx = {PEER, ids.blocks, 0};
 
     (void)state;
-    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &idx, sb, db, 6,
-                                          NULL),
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &idx, sb, db, 6, NULL),
                      LLM_SUCCESS);
     model_blocks(&r_blocks, &m_blocks, 0, 0, NT, sb, db, 6);
     verify_all();
@@ -463,31 +459,29 @@ test_rejected_calls_change_nothing(void **state)
     assert_int_equal(llmdd_pull_kv_cache(dd, &kv, &l_kv, 0, -1, &width),
                      LLM_PARAM_INVALID);
     /* Blocks: stride mismatch, out of range, batch index, empty list. */
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &kv, &l_blocks, b1, b1, 1,
-                                          NULL),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &kv, &l_blocks, b1, b1, 1, NULL),
                      LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b_out, b1,
-                                          1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b_out,
-                                          1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks_bi, &l_blocks, b1, b2,
-                                          1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b2, 0,
-                                          NULL),
-                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b_out, b1, 1, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b_out, 1, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &blocks_bi, &l_blocks, b1, b2, 1, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_blocks(dd, &blocks, &l_blocks, b1, b2, 0, NULL),
+        LLM_PARAM_INVALID);
     /* Pushes: the same checks on the other side. */
     assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &gone, 0, -1, NULL),
                      LLM_KV_CACHE_NOT_EXIST);
     assert_int_equal(llmdd_push_kv_cache(dd, &l_kv, &small, 0, -1, NULL),
                      LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &blocks, b1, b_out,
-                                          1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &kv, b1, b1, 1,
-                                          NULL),
+    assert_int_equal(
+        llmdd_push_kv_blocks(dd, &l_blocks, &blocks, b1, b_out, 1, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &l_blocks, &kv, b1, b1, 1, NULL),
                      LLM_PARAM_INVALID);
     verify_all();
 }
@@ -556,32 +550,29 @@ test_cache_keys(void **state)
     (void)state;
     /* Unknown key, then bound: the pull by key moves the right slot. */
     idx = before;
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
-                                             &idx),
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key), &idx),
                      LLM_KV_CACHE_NOT_EXIST);
     assert_memory_equal(&idx, &before, sizeof(idx));
     assert_int_equal(peer_key(ids.kv, 3, key), LLM_SUCCESS);
     assert_int_equal(peer_key(ids.kv, 1, key), LLM_CACHE_KEY_ALREADY_EXIST);
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
-                                             &idx),
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key), &idx),
                      LLM_SUCCESS);
     assert_int_equal(idx.cluster_id, PEER);
     assert_int_equal(idx.cache_id, ids.kv);
     assert_int_equal(idx.batch_index, 3); /* the first binding stays */
     /* Keys are bytes compared by length: a prefix is another key. */
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key) - 1,
-                                             &idx),
-                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(
+        llmdd_lookup_remote_key(dd, PEER, key, strlen(key) - 1, &idx),
+        LLM_KV_CACHE_NOT_EXIST);
     /* Bad arguments and unlinked clusters change nothing. */
     assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, 0, &idx),
                      LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key,
-                                             LLMDD_KEY_MAX + 1, &idx),
-                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_lookup_remote_key(dd, PEER, key, LLMDD_KEY_MAX + 1, &idx),
+        LLM_PARAM_INVALID);
     assert_int_equal(llmdd_lookup_remote_key(dd, PEER, NULL, 3, &idx),
                      LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
-                                             NULL),
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key), NULL),
                      LLM_PARAM_INVALID);
     assert_int_equal(llmdd_lookup_remote_key(dd, 99, key, strlen(key), &idx),
                      LLM_NOT_YET_LINK);
@@ -597,8 +588,7 @@ test_cache_keys(void **state)
         assert_int_equal(llmdd_remove_cache_key(peer, key, strlen(key)),
                          LLM_SUCCESS);
     }
-    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key),
-                                             &idx),
+    assert_int_equal(llmdd_lookup_remote_key(dd, PEER, key, strlen(key), &idx),
                      LLM_KV_CACHE_NOT_EXIST);
     verify_all();
 }
@@ -650,9 +640,9 @@ test_async_pulls(void **state)
     }
     llmdd_cache_index kidx = {PEER, ids.kv, 1};
     llmdd_request *slot;
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &kidx, &l_kv, 3, -1, NULL,
-                                               NULL, &slot),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &kidx, &l_kv, 3, -1, NULL, NULL, &slot),
+        LLM_SUCCESS);
     for (int i = 0; i < N; i++) {
         assert_int_equal(llmdd_request_wait(req[i], -1), LLM_SUCCESS);
         /* Done stays done: the status is kept. */
@@ -677,9 +667,9 @@ test_async_push_with_notification(void **state)
     (void)state;
     peer_notifies(got, sizeof(got), 0); /* nothing left from before */
     assert_string_equal(got, "OK 0");
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL,
-                                               &o, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL, &o, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
     llmdd_request_free(req);
     model_copy(&r_kv, &m_kv, 0, 0, NT, 2 * 1024, 0, 1024);
@@ -689,9 +679,9 @@ test_async_push_with_notification(void **state)
 
     /* A pull's notification goes to the source, once the bytes landed. */
     llmdd_xfer_opts po = {.notify = "pulled", .notify_len = 6};
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 1, -1, NULL,
-                                               &po, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 1, -1, NULL, &po, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
     llmdd_request_free(req);
     model_copy(&m_kv, &r_kv, 0, 0, NT, 1 * 1024, 2 * 1024, 1024);
@@ -736,9 +726,9 @@ test_async_layerwise_push(void **state)
 
     (void)state;
     /* 8 tensors, 2 a layer: layers 0..3, marked out of order. */
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 3, -1, NULL,
-                                               &o, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &l_kv, &idx, 3, -1, NULL, &o, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_request_layer_ready(req, 4), LLM_PARAM_INVALID);
     assert_int_equal(llmdd_request_layer_ready(req, 2), LLM_SUCCESS);
     assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
@@ -758,9 +748,9 @@ test_async_layerwise_push(void **state)
 
     /* Cancelled with two layers marked: the unmarked ones never move. */
     llmdd_kv_ext_param ext = {{1, 3}, {1, 3}, 2};
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 1, -1, &ext,
-                                               &o, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &l_kv, &idx, 1, -1, &ext, &o, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_request_layer_ready(req, 3), LLM_PARAM_INVALID);
     assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
     assert_int_equal(llmdd_request_cancel(req), LLM_SUCCESS);
@@ -772,8 +762,7 @@ test_async_layerwise_push(void **state)
      * unmarked layers (tensors 4..7) never moved. */
     uint64_t all[4] = {0, 1, 2, 3};
     llmdd_cache_index back = {PEER, ids.kv, 0};
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &back, &s_kv, all, all, 4,
-                                          NULL),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &back, &s_kv, all, all, 4, NULL),
                      LLM_SUCCESS);
     const uint8_t *t2 = (const uint8_t *)(uintptr_t)s_kv.tensor_addrs[2];
     bool moved = memcmp(t2, m_kv.t[2] + 1024, 1024) == 0;
@@ -797,40 +786,40 @@ test_async_bad_arguments(void **state)
     uint64_t b = 0;
 
     (void)state;
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL,
-                                               NULL, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL,
-                                               &lw, &req),
-                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL, NULL, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &idx, &l_kv, 0, -1, NULL, &lw, &req),
+        LLM_PARAM_INVALID);
     assert_int_equal(llmdd_pull_kv_blocks_async(dd, &idx, &l_kv, &b, &b, 1,
                                                 NULL, &nullmsg, &req),
                      LLM_PARAM_INVALID);
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL,
-                                               &big, &req),
-                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, NULL, &big, &req),
+        LLM_PARAM_INVALID);
     assert_int_equal(llmdd_push_kv_blocks_async(dd, &l_kv, &idx, &b, &b, 1,
                                                 NULL, &flag, &req),
                      LLM_PARAM_INVALID);
     /* 8 tensors are not whole layers of 3. */
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, &three,
-                                               &lw, &req),
-                     LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &l_kv, &idx, 0, -1, &three, &lw, &req),
+        LLM_PARAM_INVALID);
     /* The order of checks holds: an unlinked cluster after the options. */
     llmdd_cache_index far = {99, ids.kv, 0};
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &far, &l_kv, 0, -1, NULL,
-                                               NULL, &req),
-                     LLM_NOT_YET_LINK);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &far, &l_kv, 0, -1, NULL, NULL, &req),
+        LLM_NOT_YET_LINK);
     llmdd_cache_index gone = {PEER, 12345, 0};
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &gone, &l_kv, 0, -1, NULL,
-                                               NULL, &req),
-                     LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &gone, &l_kv, 0, -1, NULL, NULL, &req),
+        LLM_KV_CACHE_NOT_EXIST);
     assert_true(req == (llmdd_request *)(uintptr_t)0x1); /* never written */
 
     /* A mark on a request posted without the flag; bad waits. */
-    assert_int_equal(llmdd_pull_kv_cache_async(dd, &idx, &s_kv, 0, -1, NULL,
-                                               NULL, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_pull_kv_cache_async(dd, &idx, &s_kv, 0, -1, NULL, NULL, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_PARAM_INVALID);
     assert_int_equal(llmdd_request_wait(req, -2), LLM_PARAM_INVALID);
     assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
@@ -889,9 +878,9 @@ test_async_dealloc_ends_request(void **state)
 
     (void)state;
     assert_int_equal(llmdd_allocate_cache(dd, &d, &src), LLM_SUCCESS);
-    assert_int_equal(llmdd_push_kv_cache_async(dd, &src, &idx, 0, -1, NULL,
-                                               &o, &req),
-                     LLM_SUCCESS);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(dd, &src, &idx, 0, -1, NULL, &o, &req),
+        LLM_SUCCESS);
     assert_int_equal(llmdd_deallocate_cache(dd, src.cache_id), LLM_SUCCESS);
     assert_int_equal(llmdd_request_wait(req, 0), LLM_KV_CACHE_NOT_EXIST);
     assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
@@ -914,9 +903,8 @@ test_large_pull(void **state)
 
     (void)state;
     if (proc_mode) {
-        assert_int_equal(th_proc_cmd(&proc, "alloc-big 32 2 5", reply,
-                                     sizeof(reply)),
-                         0);
+        assert_int_equal(
+            th_proc_cmd(&proc, "alloc-big 32 2 5", reply, sizeof(reply)), 0);
         rid = atoll(reply + 3);
     } else {
         llmdd_cache c;
@@ -946,6 +934,8 @@ main(int argc, char **argv)
     }
     transport = argv[1];
     proc_mode = strcmp(argv[2], "proc") == 0;
+    if (argc > 3) /* conformance_test <transport> <mode> <case glob> */
+        cmocka_set_test_filter(argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_initial_state),
         cmocka_unit_test(test_pull_full_slot),

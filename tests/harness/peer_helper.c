@@ -86,6 +86,61 @@ check(llmdd *dd, long long id, uint32_t seed)
     fflush(stdout);
 }
 
+/* The cache this helper allocated with that id, or NULL. */
+static const llmdd_cache *
+cache_find(long long id)
+{
+    for (int i = 0; i < ncaches; i++)
+        if (caches[i].cache_id == id)
+            return &caches[i];
+    return NULL;
+}
+
+/*
+ * The receiving side of "completion means landed": for each of `count`
+ * notifications "<block>" (decimal), checks at once that block <block> of
+ * every tensor of cache `id` holds th_byte(block, t, offset in block).
+ * Prints "OK <torn>": how many blocks were not whole on arrival.
+ */
+static void
+verify_notified(llmdd *dd, unsigned count, long long id, int timeout_ms)
+{
+    static llmdd_notify got[64];
+    const llmdd_cache *c = cache_find(id);
+    unsigned seen = 0, torn = 0;
+
+    if (c == NULL) {
+        printf("ERR unknown cache\n");
+        fflush(stdout);
+        return;
+    }
+    uint64_t block = th_tensor_size(&c->desc) / (uint64_t)c->desc.shape[0];
+    while (seen < count) {
+        struct pollfd p = {.fd = llmdd_notify_fd(dd), .events = POLLIN};
+        size_t n = 0;
+        if (poll(&p, 1, timeout_ms) != 1 ||
+            llmdd_get_notifies(dd, got, 64, &n) != LLM_SUCCESS) {
+            printf("ERR timeout after %u notifications\n", seen);
+            fflush(stdout);
+            return;
+        }
+        cache_sync(dd, id);
+        for (size_t i = 0; i < n; i++, seen++) {
+            unsigned b = (unsigned)strtoul((const char *)got[i].msg, NULL, 10);
+            bool whole = b < (uint64_t)c->desc.shape[0];
+            for (uint32_t t = 0; t < c->desc.num_tensors && whole; t++) {
+                const uint8_t *p8 =
+                    (const uint8_t *)(uintptr_t)c->tensor_addrs[t] + b * block;
+                for (uint64_t k = 0; k < block && whole; k++)
+                    whole = p8[k] == th_byte(b, t, k);
+            }
+            torn += !whole;
+        }
+    }
+    printf("OK %u\n", torn);
+    fflush(stdout);
+}
+
 /*
  * Waits up to timeout_ms for notifications, then prints "OK <n>" and, for
  * each, " <sender cluster>:<message>" (tests send printable messages).
@@ -192,10 +247,12 @@ main(int argc, char **argv)
         } else if (sscanf(line, "check %lld %u", &id, &a) == 2) {
             check(dd, id, a);
         } else if (sscanf(line, "key %lld %u %63s", &id, &a, key) == 3) {
-            reply_status(llmdd_set_cache_key(dd, id, a, key, strlen(key)),
-                         id);
+            reply_status(llmdd_set_cache_key(dd, id, a, key, strlen(key)), id);
         } else if (sscanf(line, "unkey %63s", key) == 1) {
             reply_status(llmdd_remove_cache_key(dd, key, strlen(key)), 0);
+        } else if (sscanf(line, "verify-notified %u %lld %u", &a, &id, &b) ==
+                   3) {
+            verify_notified(dd, a, id, (int)b);
         } else if (sscanf(line, "notifies %u", &a) == 1) {
             notifies(dd, (int)a);
         } else if (strncmp(line, "ping", 4) == 0) {
