@@ -280,6 +280,12 @@ LLMDD_API const char *llmdd_transport_list(void);
  * transport is not built in or has nothing to report. The string is static.
  */
 LLMDD_API const char *llmdd_transport_info(const char *name);
+/*
+ * llmdd_listen_address: where this instance listens, with the port the
+ * kernel chose when llm.ListenIpInfo gave port 0. LLM_FAILED when it does
+ * not listen (or is not initialized).
+ */
+LLMDD_API llmdd_status llmdd_listen_address(llmdd *dd, llmdd_ip_info *out);
 
 /*
  * Requests (0.2): posted transfers, notifications, layer streaming. The

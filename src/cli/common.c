@@ -463,8 +463,6 @@ cli_add_option(cli_lib_opts *lo, const char *kv)
     return true;
 }
 
-static uint32_t cm_random(void);
-
 llmdd_status
 cli_instance(uint64_t cluster_id, llmdd_role role, const cli_lib_opts *lo,
              const char *listen_ip, uint16_t *port, llmdd **out, char *err,
@@ -493,25 +491,19 @@ cli_instance(uint64_t cluster_id, llmdd_role role, const cli_lib_opts *lo,
     memcpy(opts + n, lo->user, lo->nuser * sizeof(lo->user[0]));
     n += lo->nuser;
 
-    /* A random high port is taken when initialize says LLM_FAILED (the
-     * address is in use); any other status is final. */
-    for (int attempt = 0; attempt < 64; attempt++) {
-        uint16_t p = port != NULL ? *port : 0;
-        if (listen_ip != NULL) {
-            if (p == 0)
-                p = (uint16_t)(20000 + cm_random() % 40000);
-            cli_fmt_addr(addr, sizeof(addr), listen_ip, p);
-            opts[listen_at] = (llmdd_option){"llm.ListenIpInfo", addr};
-        }
-        st = llmdd_initialize(dd, opts, n);
-        if (st == LLM_SUCCESS) {
-            if (listen_ip != NULL && port != NULL)
-                *port = p;
-            *out = dd;
-            return LLM_SUCCESS;
-        }
-        if (st != LLM_FAILED || listen_ip == NULL || *port != 0)
-            break; /* only a random port is worth another try */
+    /* Port 0: the kernel picks a free port; the instance says which. */
+    if (listen_ip != NULL) {
+        cli_fmt_addr(addr, sizeof(addr), listen_ip, port != NULL ? *port : 0);
+        opts[listen_at] = (llmdd_option){"llm.ListenIpInfo", addr};
+    }
+    st = llmdd_initialize(dd, opts, n);
+    if (st == LLM_SUCCESS) {
+        llmdd_ip_info bound;
+        if (listen_ip != NULL && port != NULL &&
+            llmdd_listen_address(dd, &bound) == LLM_SUCCESS)
+            *port = bound.port;
+        *out = dd;
+        return LLM_SUCCESS;
     }
     if (listen_ip != NULL && st == LLM_FAILED)
         cli_fmt_st(err, cap, st,
@@ -813,17 +805,6 @@ cm_mix(uint64_t x)
     x *= 0x94d049bb133111ebull;
     x ^= x >> 31;
     return x;
-}
-
-/* A port candidate; processes and threads starting together differ. */
-static uint32_t
-cm_random(void)
-{
-    static uint64_t counter;
-    uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-
-    return (uint32_t)cm_mix((uint64_t)cli_now_ns() ^
-                            ((uint64_t)getpid() << 40) ^ (c << 20));
 }
 
 static inline uint64_t

@@ -74,13 +74,14 @@ all_digits(const char *s, size_t max_len)
     return true;
 }
 
+/* A listening port 0..65535; 0 (written "0") lets the kernel pick one. */
 static llmdd_status
 parse_port(const char *s, uint16_t *out)
 {
     if (!all_digits(s, 5))
         return LLM_PARAM_INVALID;
     unsigned long v = strtoul(s, NULL, 10);
-    if (v < 1 || v > 65535)
+    if (v > 65535 || (v == 0 && strcmp(s, "0") != 0))
         return LLM_PARAM_INVALID;
     *out = (uint16_t)v;
     return LLM_SUCCESS;

@@ -72,7 +72,7 @@ void llmdd__options_fini(llmdd__options *o);
 llmdd_status llmdd__options_apply(llmdd__options *o,
                                   const llmdd_option *options, size_t n);
 
-/* "a.b.c.d:port" or "[v6]:port", port 1..65535. */
+/* "a.b.c.d:port" or "[v6]:port", port 0..65535 (0: the kernel picks). */
 llmdd_status llmdd__parse_listen(const char *s, llmdd__sockaddr *out);
 /* A textual IPv4 or IPv6 address (no brackets) and a port 1..65535. */
 llmdd_status llmdd__parse_ip_info(const llmdd_ip_info *info,

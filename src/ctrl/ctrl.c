@@ -11,6 +11,7 @@
  * only reader of link control sockets: it answers UNLINK, records
  * UNLINK_ACK, and drops a link whose peer closed.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -47,6 +48,7 @@ struct llmdd__ctrl {
     /* Handshakes still waiting for their HELLO: fd (-1: free) and since. */
     int waiting[HANDSHAKE_MAX];
     int64_t waiting_since[HANDSHAKE_MAX];
+    llmdd__sockaddr bound; /* where listen_fd listens; guarded by dd->lock */
     /* The control thread's own: while accept cannot get a descriptor the
      * listener is not polled until accept_resume (CLOCK_MONOTONIC ms). */
     int64_t accept_resume;
@@ -995,11 +997,15 @@ llmdd__listen_start(llmdd *dd)
     if (fd < 0)
         goto err;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    llmdd__sockaddr bound = {.len = sizeof(bound.addr)};
     if (bind(fd, (const struct sockaddr *)&a->addr, a->len) != 0 ||
-        listen(fd, 128) != 0)
+        listen(fd, 128) != 0 ||
+        getsockname(fd, (struct sockaddr *)&bound.addr, &bound.len) != 0)
         goto err_close;
+    llmdd__sockaddr_str(&bound, name, sizeof(name)); /* port 0: the real one */
     pthread_mutex_lock(&dd->lock);
     dd->ctrl->listen_fd = fd;
+    dd->ctrl->bound = bound;
     pthread_mutex_unlock(&dd->lock);
     llmdd__ctrl_wake(dd);
     log_info("listening on %s", name);
@@ -1034,6 +1040,34 @@ llmdd__listen_stop(llmdd *dd)
         pthread_cond_wait(&dd->cond, &dd->lock);
     pthread_mutex_unlock(&dd->lock);
     close(fd);
+}
+
+llmdd_status
+llmdd_listen_address(llmdd *dd, llmdd_ip_info *out)
+{
+    llmdd__sockaddr a;
+    bool listening;
+
+    if (dd == NULL || out == NULL)
+        return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&dd->lock);
+    listening = dd->initialized && dd->ctrl != NULL && dd->ctrl->listen_fd >= 0;
+    if (listening)
+        a = dd->ctrl->bound;
+    pthread_mutex_unlock(&dd->lock);
+    if (!listening)
+        return LLM_FAILED;
+    memset(out, 0, sizeof(*out));
+    if (a.addr.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a.addr;
+        inet_ntop(AF_INET6, &v6->sin6_addr, out->ip, sizeof(out->ip));
+        out->port = ntohs(v6->sin6_port);
+    } else {
+        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a.addr;
+        inet_ntop(AF_INET, &v4->sin_addr, out->ip, sizeof(out->ip));
+        out->port = ntohs(v4->sin_port);
+    }
+    return LLM_SUCCESS;
 }
 
 /* ---- The handshake, server side. ---- */

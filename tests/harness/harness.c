@@ -123,27 +123,23 @@ th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
 {
     llmdd_option opts[16];
     char addr[96];
-    llmdd_status st = LLM_FAILED;
+    llmdd_ip_info bound;
+    llmdd_status st;
 
     if (nextra > 15)
         return LLM_PARAM_INVALID;
     if (nextra > 0) /* extra may be NULL then: memcpy must not see it */
         memcpy(opts + 1, extra, nextra * sizeof(*extra));
-    srand((unsigned)(getpid() ^ time(NULL)));
-    for (int attempt = 0; attempt < 50; attempt++) {
-        uint16_t port = (uint16_t)(20000 + rand() % 30000);
-        snprintf(addr, sizeof(addr), strchr(ip, ':') ? "[%s]:%u" : "%s:%u",
-                 ip, port);
-        opts[0] = (llmdd_option){"llm.ListenIpInfo", addr};
-        st = llmdd_initialize(dd, opts, nextra + 1);
-        if (st == LLM_SUCCESS) {
-            *port_out = port;
-            return st;
-        }
-        if (st != LLM_FAILED)
-            return st; /* a bad option, not a busy port */
-    }
-    return st;
+    /* Port 0: the kernel picks a free one, and the instance says which. */
+    snprintf(addr, sizeof(addr), strchr(ip, ':') ? "[%s]:0" : "%s:0", ip);
+    opts[0] = (llmdd_option){"llm.ListenIpInfo", addr};
+    st = llmdd_initialize(dd, opts, nextra + 1);
+    if (st != LLM_SUCCESS)
+        return st;
+    if ((st = llmdd_listen_address(dd, &bound)) != LLM_SUCCESS)
+        return st;
+    *port_out = bound.port;
+    return LLM_SUCCESS;
 }
 
 static llmdd_cluster_info

@@ -57,8 +57,8 @@ int th_peer_setup(llmdd *dd, th_peer_caches *pc);
 void th_peer_teardown(llmdd *dd, th_peer_caches *pc);
 
 /*
- * Initializes dd listening on ip at a free port (tries several), with the
- * extra options. Returns the initialize status; *port_out on success.
+ * Initializes dd listening on ip at a port the kernel picks (port 0), with
+ * the extra options. Returns the initialize status; *port_out on success.
  */
 llmdd_status th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
                             const llmdd_option *extra, size_t nextra);

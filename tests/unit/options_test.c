@@ -82,21 +82,52 @@ test_parse_listen_invalid(void **state)
     (void)state;
     static const char *const bad[] = {
         /* ports */
-        "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:99999",
-        "127.0.0.1:4294967297", "127.0.0.1:000080", "127.0.0.1",
-        "127.0.0.1:", "127.0.0.1:80a", "127.0.0.1:abc", "127.0.0.1:0x50",
-        "127.0.0.1:+80", "127.0.0.1:-80", "127.0.0.1:8.0",
+        "127.0.0.1:00",
+        "127.0.0.1:65536",
+        "127.0.0.1:99999",
+        "127.0.0.1:4294967297",
+        "127.0.0.1:000080",
+        "127.0.0.1",
+        "127.0.0.1:",
+        "127.0.0.1:80a",
+        "127.0.0.1:abc",
+        "127.0.0.1:0x50",
+        "127.0.0.1:+80",
+        "127.0.0.1:-80",
+        "127.0.0.1:8.0",
         /* spaces */
-        " 127.0.0.1:80", "127.0.0.1 :80", "127.0.0.1: 80", "127.0.0.1:80 ",
+        " 127.0.0.1:80",
+        "127.0.0.1 :80",
+        "127.0.0.1: 80",
+        "127.0.0.1:80 ",
         "127.0.0.1:80\n",
         /* hosts */
-        ":80", "[]:80", "256.1.1.1:80", "1.2.3.256:80", "1.2.3:80",
-        "1.2.3.4.5:80", "localhost:80", "example.com:80",
+        ":80",
+        "[]:80",
+        "256.1.1.1:80",
+        "1.2.3.256:80",
+        "1.2.3:80",
+        "1.2.3.4.5:80",
+        "localhost:80",
+        "example.com:80",
         /* IPv6 forms */
-        "::1:80", "fe80::1:80", "[::1:80", "[::1]80", "[::1]", "[::1]:",
-        "::1]:80", "[1.2.3.4]:80", "[::1]:0", "[::1]:65536", "[[::1]]:80",
-        "[::1]:80:80", "[::g]:80",
-        "", ":", "[", "]",
+        "::1:80",
+        "fe80::1:80",
+        "[::1:80",
+        "[::1]80",
+        "[::1]",
+        "[::1]:",
+        "::1]:80",
+        "[1.2.3.4]:80",
+        "[::1]:00",
+        "[::1]:65536",
+        "[[::1]]:80",
+        "[::1]:80:80",
+        "[::g]:80",
+        "",
+        ":",
+        "[",
+        "]",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         assert_listen_bad(bad[i]);
@@ -110,8 +141,9 @@ test_parse_listen_invalid(void **state)
     snprintf(buf, sizeof(buf), "[%s]:80", longhost);
     assert_listen_bad(buf);
     /* 0000:...: a valid IPv6 text longer than the buffer. */
-    snprintf(buf, sizeof(buf), "[0000:0000:0000:0000:0000:0000:0000:"
-                               "0000:0000:0000:0001]:80");
+    snprintf(buf, sizeof(buf),
+             "[0000:0000:0000:0000:0000:0000:0000:"
+             "0000:0000:0000:0001]:80");
     assert_listen_bad(buf);
 }
 
@@ -132,8 +164,13 @@ test_parse_wait_time(void **state)
     assert_int_equal(ms, LLMDD_MAX_WAIT_MS);
 
     static const char *const bad[] = {
-        "0", "00", "-1", "1.5", " 5", "5 ", "+5", "", "5ms", "0x10",
-        "86400001", "4294967295", "4294967296", "99999999999999999999",
+        "0",          "00",
+        "-1",         "1.5",
+        " 5",         "5 ",
+        "+5",         "",
+        "5ms",        "0x10",
+        "86400001",   "4294967295",
+        "4294967296", "99999999999999999999",
         "1e3",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -160,11 +197,10 @@ static void
 test_parse_pool(void **state)
 {
     (void)state;
-    assert_pool("{\"memory_size\": 1048576, \"page_shift\": 16}", 1048576,
-                16);
+    assert_pool("{\"memory_size\": 1048576, \"page_shift\": 16}", 1048576, 16);
     assert_pool("{\"page_shift\": 12, \"memory_size\": 4096}", 4096, 12);
-    assert_pool("{\"memory_size\": 1073741824, \"page_shift\": 30}",
-                1073741824, 30);
+    assert_pool("{\"memory_size\": 1073741824, \"page_shift\": 30}", 1073741824,
+                30);
     /* page_shift defaults to 16; sizes round up to a whole page. */
     assert_pool("{\"memory_size\": 65536}", 65536, 16);
     assert_pool("{\"memory_size\": 1}", 65536, 16);
@@ -172,8 +208,8 @@ test_parse_pool(void **state)
     assert_pool("{\"memory_size\": 8193, \"page_shift\": 12}", 12288, 12);
     assert_pool("{\"memory_size\": 1e6, \"page_shift\": 12}", 1003520, 12);
     /* Unknown members are ignored. */
-    assert_pool("{\"memory_size\": 4096, \"page_shift\": 12, \"x\": [1]}",
-                4096, 12);
+    assert_pool("{\"memory_size\": 4096, \"page_shift\": 12, \"x\": [1]}", 4096,
+                12);
 
     static const char *const bad[] = {
         "",
@@ -242,8 +278,8 @@ test_parse_ip_info(void **state)
     assert_int_equal(a.addr.ss_family, AF_INET6);
 
     static const char *const bad[] = {
-        "", "localhost", "1.2.3.256", "[::1]", "::1:", "1.2.3.4:80",
-        " 1.2.3.4", "1.2.3.4 ", "::g",
+        "",           "localhost", "1.2.3.256", "[::1]", "::1:",
+        "1.2.3.4:80", " 1.2.3.4",  "1.2.3.4 ",  "::g",
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         i = ipi(bad[k], 80);
@@ -279,8 +315,7 @@ unused_port(void)
 static bool
 port_open(uint16_t port)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_port = htons(port)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
 
     assert_true(fd >= 0);
@@ -330,7 +365,7 @@ test_initialize_bad_options(void **state)
     long_token[sizeof(long_token) - 1] = '\0';
     static const llmdd_option bad[] = {
         {"llm.ListenIpInfo", "127.0.0.1"},
-        {"llm.ListenIpInfo", "127.0.0.1:0"},
+        {"llm.ListenIpInfo", "127.0.0.1:00"},
         {"llm.ListenIpInfo", "localhost:5000"},
         {"llm.ListenIpInfo", ""},
         {"llm.DeviceId", "-1"},
@@ -454,8 +489,7 @@ test_transport_values(void **state)
     assert_true(transport_built("tcp"));
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         llmdd_option o = {"llm.Transport", names[i]};
-        bool built = strcmp(names[i], "auto") == 0 ||
-                     transport_built(names[i]);
+        bool built = strcmp(names[i], "auto") == 0 || transport_built(names[i]);
         llmdd *dd;
 
         if (!built) {
@@ -468,6 +502,33 @@ test_transport_values(void **state)
             fail_msg("llm.Transport=%s rejected", names[i]);
         llmdd_destroy(dd);
     }
+}
+
+static void
+test_listen_port_zero(void **state)
+{
+    llmdd_option o = {"llm.ListenIpInfo", "127.0.0.1:0"};
+    llmdd_ip_info at;
+    llmdd *dd;
+
+    (void)state;
+    assert_int_equal(llmdd_create(2, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_listen_address(dd, &at), LLM_FAILED);
+    assert_int_equal(llmdd_initialize(dd, &o, 1), LLM_SUCCESS);
+    assert_int_equal(llmdd_listen_address(dd, NULL), LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_listen_address(dd, &at), LLM_SUCCESS);
+    assert_string_equal(at.ip, "127.0.0.1");
+    assert_int_not_equal(at.port, 0);
+    /* Something really listens there. */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(at.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
+    close(s);
+    llmdd_finalize(dd);
+    assert_int_equal(llmdd_listen_address(dd, &at), LLM_FAILED);
+    llmdd_destroy(dd);
 }
 
 static void
@@ -506,6 +567,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_initialize_valid_options),
         cmocka_unit_test(test_transport_values),
         cmocka_unit_test(test_max_links_values),
+        cmocka_unit_test(test_listen_port_zero),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }
