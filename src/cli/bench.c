@@ -34,9 +34,11 @@
 #define BENCH_MIN_TIME_MS 200
 #define BENCH_WARMUP_MAX 20000u
 #define BENCH_POOL_SHIFT 16
+#define BENCH_MAX_INFLIGHT 1024
 
-enum { BOP_PULL, BOP_PUSH, BOP_PULL_BLOCKS, BOP_LINK };
-static const char *const bench_ops[] = {"pull", "push", "pull-blocks", "link"};
+enum { BOP_PULL, BOP_PUSH, BOP_PULL_BLOCKS, BOP_LINK, BOP_LAYERWISE, BOP_N };
+static const char *const bench_ops[] = {"pull", "push", "pull-blocks", "link",
+                                        "layerwise"};
 
 enum { BASE_AUTO, BASE_MEMCPY, BASE_TCP, BASE_NONE };
 static const char *const bench_bases[] = {"auto", "memcpy", "tcp", "none"};
@@ -46,6 +48,7 @@ typedef struct {
     cli_lib_opts lo;
     uint64_t bmin, bmax;
     uint32_t blocks;
+    uint32_t inflight; /* pull-blocks: posted requests; 0: synchronous */
     uint32_t decoders;
     uint32_t iters, warmup; /* iters 0: auto, by time */
     bool warmup_set;
@@ -70,6 +73,7 @@ typedef struct {
     uint64_t block;
     uint64_t nslots;        /* slots, or blocks for pull-blocks; 0: free only */
     uint32_t per_call;      /* pull-blocks: blocks per call */
+    uint32_t inflight;      /* pull-blocks: posted requests kept in flight */
     uint32_t iters, warmup; /* iters: at most, with min_ns */
     int64_t min_ns;         /* > 0: stop once this long and 5 calls done */
     uint16_t port;
@@ -85,6 +89,7 @@ typedef struct {
     int64_t t0, t1; /* the timed calls, CLOCK_MONOTONIC */
     uint64_t bytes;
     uint64_t calls;
+    int64_t post_ns;   /* --inflight: p50 of the post calls alone */
     uint64_t nsamples; /* int64 nanoseconds follow */
     char err[768];
 } bench_reply;
@@ -123,12 +128,18 @@ static const char bench_usage[] =
     "                          push: llmdd_push_kv_cache, the same from the\n"
     "                          prompt; pull-blocks: llmdd_pull_kv_blocks of\n"
     "                          --blocks scattered blocks of one tensor;\n"
-    "                          link: link + unlink setup times\n"
+    "                          link: link + unlink setup times;\n"
+    "                          layerwise: compute-then-push against a\n"
+    "                          layer-wise push (see below)\n"
     "  -t, --transport NAME    auto (default), loop, shm, tcp, ucx\n"
     "      --block-size MIN:MAX  block sizes, powers of two, e.g. 4K:16M or\n"
     "                          one size (default 4K:16M)\n"
     "      --blocks N          blocks per call (default 1; 64 for\n"
     "                          pull-blocks)\n"
+    "      --inflight N        pull-blocks: keep N requests posted with\n"
+    "                          llmdd_pull_kv_blocks_async in flight per\n"
+    "                          decoder (1..1024); each row also prints the\n"
+    "                          post call's own cost per block\n"
     "      --decoders N        concurrent decoder processes (default 1);\n"
     "                          push runs one prompt thread per decoder\n"
     "      --iters N           timed calls per decoder and row (default:\n"
@@ -164,6 +175,7 @@ static const char bench_usage[] =
     "  llmdd bench --transport tcp --block-size 4K:64M --plot bench.png\n"
     "  llmdd bench --op pull --block-size 1G --blocks 1 --transport tcp\n"
     "  llmdd bench --op pull-blocks --block-size 16K --blocks 4096\n"
+    "  llmdd bench --op pull-blocks -t tcp --block-size 64K --inflight 64\n"
     "  llmdd bench --op link --iters 200\n";
 
 /* ---- Node side. ---- */
@@ -287,6 +299,98 @@ typedef struct {
     bench_reply r;
 } bench_job;
 
+static int bench_cmp_i64(const void *a, const void *b);
+
+/*
+ * --inflight: c->inflight posted pulls at once; the oldest is waited for and
+ * replaced as soon as it completes. The timed window runs from the
+ * completion of the last warm-up request to the last completion; a sample is
+ * one request, from its post to the return of its wait. Requests in flight
+ * write disjoint blocks while the cache has room for them all.
+ */
+static void
+bench_job_posted(bench_job *j)
+{
+    const bench_cmd *c = j->c;
+    uint32_t n = c->inflight;
+    llmdd_request **ring = calloc(n, sizeof(*ring));
+    int64_t *posted_at = calloc(n, sizeof(int64_t));
+    uint64_t *dst = calloc((size_t)n * c->per_call, sizeof(*dst));
+    int64_t *post = calloc((size_t)c->iters + 1, sizeof(int64_t));
+    llmdd_cache_index idx = {j->peer, j->remote, 0};
+    uint64_t posted = 0, done = 0, timed = 0, nposts = 0;
+    bool stop = false;
+    llmdd_status st;
+
+    if (ring == NULL || posted_at == NULL || dst == NULL || post == NULL) {
+        bench_fail(&j->r, LLM_OUT_OF_MEMORY, "calloc");
+        goto out;
+    }
+    for (size_t k = 0; k < (size_t)n * c->per_call; k++)
+        dst[k] = k % c->nslots;
+    j->r.t0 = cli_now_ns();
+    for (;;) {
+        while (!stop && posted - done < n) {
+            if (posted >= c->warmup && posted - c->warmup >= c->iters) {
+                stop = true;
+                break;
+            }
+            uint32_t r = (uint32_t)(posted % n);
+            int64_t t = cli_now_ns();
+            st = llmdd_pull_kv_blocks_async(j->dd, &idx, j->local, j->src,
+                                            dst + (size_t)r * c->per_call,
+                                            c->per_call, NULL, NULL, &ring[r]);
+            int64_t t1 = cli_now_ns();
+            if (st != LLM_SUCCESS) {
+                ring[r] = NULL;
+                bench_fail(&j->r, st,
+                           "llmdd_pull_kv_blocks_async (request %" PRIu64
+                           ", cluster %" PRIu64 ")",
+                           posted + 1, j->peer);
+                goto out;
+            }
+            posted_at[r] = t;
+            if (posted >= c->warmup)
+                post[nposts++] = t1 - t;
+            posted++;
+        }
+        if (done == posted)
+            break;
+        uint32_t r = (uint32_t)(done % n);
+        st = llmdd_request_wait(ring[r], -1);
+        int64_t now = cli_now_ns();
+        llmdd_request_free(ring[r]);
+        ring[r] = NULL;
+        if (st != LLM_SUCCESS) {
+            bench_fail(&j->r, st,
+                       "llmdd_request_wait (request %" PRIu64
+                       ", cluster %" PRIu64 ")",
+                       done + 1, j->peer);
+            goto out;
+        }
+        if (done >= c->warmup)
+            j->samples[timed++] = now - posted_at[r];
+        done++;
+        if (done == c->warmup)
+            j->r.t0 = now;
+        if (timed > 0 && bench_done(c, timed, j->r.t0))
+            stop = true;
+    }
+    j->r.t1 = cli_now_ns();
+    j->r.calls = timed;
+    j->r.bytes = c->block * c->per_call * c->tensors * timed;
+    j->r.nsamples = timed;
+    qsort(post, nposts, sizeof(*post), bench_cmp_i64);
+    j->r.post_ns = nposts > 0 ? post[(nposts - 1) / 2] : 0;
+out:
+    for (uint32_t i = 0; ring != NULL && i < n; i++)
+        llmdd_request_free(ring[i]); /* after a failure: cancels */
+    free(ring);
+    free(posted_at);
+    free(dst);
+    free(post);
+}
+
 static void *
 bench_job_run(void *p)
 {
@@ -297,6 +401,10 @@ bench_job_run(void *p)
                             ? c->block * c->per_call * c->tensors
                             : c->block * c->tensors;
 
+    if (c->op == BOP_PULL_BLOCKS && c->inflight > 0) {
+        bench_job_posted(j);
+        return NULL;
+    }
     for (uint64_t i = 0;; i++) {
         if (i >= c->warmup && bench_done(c, i - c->warmup, j->r.t0))
             break;
@@ -416,6 +524,8 @@ bench_run(bench_node *n, const bench_cmd *c, int out_fd)
             r.t1 = jr->t1;
         r.bytes += jr->bytes;
         r.calls += jr->calls;
+        if (jr->post_ns > r.post_ns)
+            r.post_ns = jr->post_ns;
     }
     r.nsamples = nsamples;
 out:
@@ -649,6 +759,8 @@ typedef struct {
     double base_gbps, base_p50, base_p99;
     double ratio;
     double unlink_p50, unlink_p99; /* op link */
+    uint32_t inflight;             /* pull-blocks --inflight */
+    double post_ns;                /* its post cost, per call (p50) */
 } bench_result;
 
 typedef struct {
@@ -952,6 +1064,16 @@ bench_print_row(const bench_cfg *cfg, const bench_result *r)
                cli_fmt_bytes(b, sizeof(b), r->block), r->per_call, r->iters,
                r->gbps, r->p50, r->p99, r->blocks_per_s, r->base_gbps,
                r->base_p50, r->ratio);
+    if (r->inflight > 0) {
+        char rat[64] = "";
+        if (r->base != BASE_NONE)
+            snprintf(rat, sizeof(rat), "%.2f x %s GB/s; ", r->ratio,
+                     bench_base_label(r->base));
+        printf("  %" PRIu32 " in flight: %spost cost: %.0f ns/block "
+               "(%" PRIu32 " blocks, p50 %s per post)\n",
+               r->inflight, rat, r->post_ns / r->per_call, r->per_call,
+               cli_fmt_ns(t1, sizeof(t1), (int64_t)r->post_ns));
+    }
     fflush(stdout);
 }
 
@@ -1031,6 +1153,12 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
         cJSON_AddNumberToObject(o, "p50_us", r->p50);
         cJSON_AddNumberToObject(o, "p99_us", r->p99);
         cJSON_AddNumberToObject(o, "blocks_per_s", r->blocks_per_s);
+        if (r->inflight > 0) {
+            cJSON_AddNumberToObject(o, "inflight", r->inflight);
+            cJSON_AddNumberToObject(o, "post_ns", r->post_ns);
+            cJSON_AddNumberToObject(o, "post_ns_per_block",
+                                    r->post_ns / r->per_call);
+        }
         if (r->base != BASE_NONE) {
             cJSON *b = cJSON_AddObjectToObject(o, "baseline");
             if (b != NULL) {
@@ -1231,6 +1359,7 @@ bench_row_cmd(const bench_cfg *cfg, uint64_t block, bench_cmd *c)
     if (cfg->op == BOP_PULL_BLOCKS) {
         c->tensors = 1;
         c->per_call = cfg->blocks;
+        c->inflight = cfg->inflight;
         uint64_t fit = cfg->total / block;
         c->nslots = fit > cfg->blocks ? fit : cfg->blocks;
     } else {
@@ -1255,6 +1384,8 @@ bench_row_cmd(const bench_cfg *cfg, uint64_t block, bench_cmd *c)
     uint64_t w = (16ull << 20) / per_call;
     if (w < cover)
         w = cover;
+    if (w < c->inflight) /* a full pipeline before the clock starts */
+        w = c->inflight;
     c->warmup = cfg->warmup_set        ? cfg->warmup
                 : w < 1                ? 1
                 : w > BENCH_WARMUP_MAX ? BENCH_WARMUP_MAX
@@ -1310,6 +1441,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         OPT_NO_PROGRESS,
         OPT_MIN_TIME,
         OPT_NO_POOL,
+        OPT_INFLIGHT,
     };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, OPT_OP},
@@ -1328,6 +1460,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
         {"min-time", required_argument, NULL, OPT_MIN_TIME},
         {"no-pool", no_argument, NULL, OPT_NO_POOL},
+        {"inflight", required_argument, NULL, OPT_INFLIGHT},
         {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
         {"option", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
@@ -1344,12 +1477,12 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
             return -1;
         case OPT_OP:
             found = false;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < BOP_N; i++)
                 if (strcmp(optarg, bench_ops[i]) == 0)
                     cfg->op = i, found = true;
             if (!found)
                 return cli_usage_err("--op: \"%s\" is not pull, push, "
-                                     "pull-blocks or link",
+                                     "pull-blocks, link or layerwise",
                                      optarg);
             break;
         case 't':
@@ -1420,6 +1553,11 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         case OPT_NO_POOL:
             cfg->no_pool = true;
             break;
+        case OPT_INFLIGHT:
+            if (!cli_parse_u32(optarg, 1, BENCH_MAX_INFLIGHT, &cfg->inflight))
+                return cli_usage_err("--inflight: want 1..%u, got \"%s\"",
+                                     BENCH_MAX_INFLIGHT, optarg);
+            break;
         case OPT_MIN_TIME:
             if (!cli_parse_u32(optarg, 1, 3600000, &cfg->min_time_ms))
                 return cli_usage_err("--min-time: bad milliseconds \"%s\"",
@@ -1443,6 +1581,8 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
     if (cfg->blocks == 0)
         cfg->blocks = cfg->op == BOP_PULL_BLOCKS ? 64 : 1;
+    if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)
+        return cli_usage_err("--inflight: only with --op pull-blocks");
     if (cfg->op == BOP_LINK && cfg->plot != NULL)
         return cli_usage_err("--plot draws a block-size sweep; --op link "
                              "has none");
@@ -1473,6 +1613,7 @@ bench_row(const bench_cfg *cfg, cli_node *prompt, cli_node *decs,
     res->per_call = cfg->blocks;
     res->bytes_per_call = block * cfg->blocks;
     res->warmup = c.warmup;
+    res->inflight = cfg->inflight;
     res->base = bench_base_kind(cfg);
 
     /* The baseline first, while no cache of this row holds memory. */
@@ -1549,6 +1690,9 @@ bench_row(const bench_cfg *cfg, cli_node *prompt, cli_node *decs,
             t1 = r.t1;
         bytes += r.bytes;
         calls += r.calls;
+        /* The slowest decoder's post cost. */
+        if ((double)r.post_ns > res->post_ns)
+            res->post_ns = (double)r.post_ns;
     }
     if (failed)
         goto out;
@@ -1716,12 +1860,19 @@ cli_bench(int argc, char **argv)
         printf("  %" PRIu32 " %s per call; each cache up to %s per row; "
                "baseline: %s%s\n",
                cfg.blocks,
-               cfg.op == BOP_PULL_BLOCKS ? "scattered block(s) of one tensor"
-                                         : "tensor(s), one batch slot of each,",
+               cfg.op != BOP_PULL_BLOCKS ? "tensor(s), one batch slot of each,"
+               : cfg.inflight > 0 ? "scattered block(s) of one tensor, posted "
+                                    "(llmdd_pull_kv_blocks_async),"
+                                  : "scattered block(s) of one tensor",
                cli_fmt_bytes(b1, sizeof(b1), cfg.total), bench_base_label(base),
                base == BASE_TCP ? " (one loopback connection, two processes)"
                : base == BASE_MEMCPY ? " (one thread, same bytes)"
                                      : "");
+    if (cfg.inflight > 0)
+        printf("  %" PRIu32 " request(s) in flight per decoder: each "
+               "completion (llmdd_request_wait on the oldest) posts the "
+               "next\n",
+               cfg.inflight);
     fflush(stdout);
 
     prole = (bench_role){.cfg = &cfg, .prompt = true};
