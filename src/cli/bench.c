@@ -199,12 +199,26 @@ static const char bench_usage[] =
     "  -o, --option K=V        extra llmdd option for every instance\n"
     "  -h, --help              this text\n"
     "\n"
+    "--op layerwise (tcp unless -t; one decoder; one row per block size,\n"
+    "default 1M, a layer being the K and V tensors of one slot): each round\n"
+    "times the prompt's llmdd_push_kv_cache of a slot alone, (a) every\n"
+    "layer's compute and then that push, and (b) a push posted with\n"
+    "LLMDD_XFER_LAYERWISE before the compute, each layer marked with\n"
+    "llmdd_request_layer_ready after its compute, then waited for. Prints\n"
+    "the medians, (b)/(a) and (b) / (max(compute, push) + push/layers).\n"
+    "      --num-layers N      layers (default 32)\n"
+    "      --compute-us N      compute per layer, simulated by sleeping\n"
+    "                          (default: one layer's push, measured)\n"
+    "      --iters N           rounds (default: as many as fit in\n"
+    "                          --min-time, at least 5)\n"
+    "\n"
     "Examples:\n"
     "  llmdd bench --transport tcp --block-size 4K:64M --plot bench.png\n"
     "  llmdd bench --op pull --block-size 1G --blocks 1 --transport tcp\n"
     "  llmdd bench --op pull-blocks --block-size 16K --blocks 4096\n"
     "  llmdd bench --op pull-blocks -t tcp --block-size 64K --inflight 64\n"
-    "  llmdd bench --op link --iters 200\n";
+    "  llmdd bench --op link --iters 200\n"
+    "  llmdd bench --op layerwise --num-layers 32 --iters 10\n";
 
 /* ---- Node side. ---- */
 
