@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -34,9 +35,11 @@
 #define BENCH_MIN_TIME_MS 200
 #define BENCH_WARMUP_MAX 20000u
 #define BENCH_POOL_SHIFT 16
+#define BENCH_MAX_INFLIGHT 1024
 
-enum { BOP_PULL, BOP_PUSH, BOP_PULL_BLOCKS, BOP_LINK };
-static const char *const bench_ops[] = {"pull", "push", "pull-blocks", "link"};
+enum { BOP_PULL, BOP_PUSH, BOP_PULL_BLOCKS, BOP_LINK, BOP_LAYERWISE, BOP_N };
+static const char *const bench_ops[] = {"pull", "push", "pull-blocks", "link",
+                                        "layerwise"};
 
 enum { BASE_AUTO, BASE_MEMCPY, BASE_TCP, BASE_NONE };
 static const char *const bench_bases[] = {"auto", "memcpy", "tcp", "none"};
@@ -46,6 +49,10 @@ typedef struct {
     cli_lib_opts lo;
     uint64_t bmin, bmax;
     uint32_t blocks;
+    uint32_t inflight; /* pull-blocks: posted requests; 0: synchronous */
+    uint32_t num_layers;
+    int64_t compute_ns; /* layerwise: per layer; -1: one layer's push */
+    bool block_set, transport_set, num_layers_set;
     uint32_t decoders;
     uint32_t iters, warmup; /* iters 0: auto, by time */
     bool warmup_set;
@@ -61,7 +68,28 @@ typedef struct {
     char command[1024];
 } bench_cfg;
 
-enum { BC_LINK = 1, BC_SETUP, BC_RUN, BC_PUSH_RUN, BC_LINKBENCH, BC_REPLY };
+enum {
+    BC_LINK = 1,
+    BC_SETUP,
+    BC_RUN,
+    BC_PUSH_RUN,
+    BC_LINKBENCH,
+    BC_LAYERWISE,
+    BC_REPLY
+};
+
+/* --op layerwise: the samples of one round, in this order. */
+enum {
+    LW_PUSH,    /* the push alone */
+    LW_SEQ,     /* (a) */
+    LW_LAYERED, /* (b) */
+    LW_COMPUTE, /* (b): the sleeps, as they took */
+    LW_TAIL,    /* (b): from the last mark to the end of the wait */
+    LW_MARKS,   /* (b): inside llmdd_request_layer_ready, all layers */
+    LW_PREEMPT, /* (b): involuntary context switches in those calls */
+    LW_LAYER,   /* one layer pushed alone */
+    LW_N
+};
 
 /* One row's layout: `tensors` tensors of u8 [nslots, block]. */
 typedef struct {
@@ -70,6 +98,9 @@ typedef struct {
     uint64_t block;
     uint64_t nslots;        /* slots, or blocks for pull-blocks; 0: free only */
     uint32_t per_call;      /* pull-blocks: blocks per call */
+    uint32_t inflight;      /* pull-blocks: posted requests kept in flight */
+    uint32_t num_layers;    /* layerwise: 2 tensors (K, V) each */
+    int64_t compute_ns;     /* layerwise: per layer; < 0: one layer's push */
     uint32_t iters, warmup; /* iters: at most, with min_ns */
     int64_t min_ns;         /* > 0: stop once this long and 5 calls done */
     uint16_t port;
@@ -85,6 +116,8 @@ typedef struct {
     int64_t t0, t1; /* the timed calls, CLOCK_MONOTONIC */
     uint64_t bytes;
     uint64_t calls;
+    int64_t post_ns;    /* --inflight: p50 of the post calls alone */
+    int64_t compute_ns; /* layerwise: the compute per layer it simulated */
     uint64_t nsamples; /* int64 nanoseconds follow */
     char err[768];
 } bench_reply;
@@ -123,12 +156,18 @@ static const char bench_usage[] =
     "                          push: llmdd_push_kv_cache, the same from the\n"
     "                          prompt; pull-blocks: llmdd_pull_kv_blocks of\n"
     "                          --blocks scattered blocks of one tensor;\n"
-    "                          link: link + unlink setup times\n"
+    "                          link: link + unlink setup times;\n"
+    "                          layerwise: compute-then-push against a\n"
+    "                          layer-wise push (see below)\n"
     "  -t, --transport NAME    auto (default), loop, shm, tcp, ucx\n"
     "      --block-size MIN:MAX  block sizes, powers of two, e.g. 4K:16M or\n"
     "                          one size (default 4K:16M)\n"
     "      --blocks N          blocks per call (default 1; 64 for\n"
     "                          pull-blocks)\n"
+    "      --inflight N        pull-blocks: keep N requests posted with\n"
+    "                          llmdd_pull_kv_blocks_async in flight per\n"
+    "                          decoder (1..1024); each row also prints the\n"
+    "                          post call's own cost per block\n"
     "      --decoders N        concurrent decoder processes (default 1);\n"
     "                          push runs one prompt thread per decoder\n"
     "      --iters N           timed calls per decoder and row (default:\n"
@@ -160,11 +199,26 @@ static const char bench_usage[] =
     "  -o, --option K=V        extra llmdd option for every instance\n"
     "  -h, --help              this text\n"
     "\n"
+    "--op layerwise (tcp unless -t; one decoder; one row per block size,\n"
+    "default 1M, a layer being the K and V tensors of one slot): each round\n"
+    "times the prompt's llmdd_push_kv_cache of a slot alone, (a) every\n"
+    "layer's compute and then that push, and (b) a push posted with\n"
+    "LLMDD_XFER_LAYERWISE before the compute, each layer marked with\n"
+    "llmdd_request_layer_ready after its compute, then waited for. Prints\n"
+    "the medians, (b)/(a) and (b) / (max(compute, push) + push/layers).\n"
+    "      --num-layers N      layers (default 32)\n"
+    "      --compute-us N      compute per layer, simulated by sleeping\n"
+    "                          (default: one layer's push, measured)\n"
+    "      --iters N           rounds (default: as many as fit in\n"
+    "                          --min-time, at least 5)\n"
+    "\n"
     "Examples:\n"
     "  llmdd bench --transport tcp --block-size 4K:64M --plot bench.png\n"
     "  llmdd bench --op pull --block-size 1G --blocks 1 --transport tcp\n"
     "  llmdd bench --op pull-blocks --block-size 16K --blocks 4096\n"
-    "  llmdd bench --op link --iters 200\n";
+    "  llmdd bench --op pull-blocks -t tcp --block-size 64K --inflight 64\n"
+    "  llmdd bench --op link --iters 200\n"
+    "  llmdd bench --op layerwise --num-layers 32 --iters 10\n";
 
 /* ---- Node side. ---- */
 
@@ -287,6 +341,98 @@ typedef struct {
     bench_reply r;
 } bench_job;
 
+static int bench_cmp_i64(const void *a, const void *b);
+
+/*
+ * --inflight: c->inflight posted pulls at once; the oldest is waited for and
+ * replaced as soon as it completes. The timed window runs from the
+ * completion of the last warm-up request to the last completion; a sample is
+ * one request, from its post to the return of its wait. Requests in flight
+ * write disjoint blocks while the cache has room for them all.
+ */
+static void
+bench_job_posted(bench_job *j)
+{
+    const bench_cmd *c = j->c;
+    uint32_t n = c->inflight;
+    llmdd_request **ring = calloc(n, sizeof(*ring));
+    int64_t *posted_at = calloc(n, sizeof(int64_t));
+    uint64_t *dst = calloc((size_t)n * c->per_call, sizeof(*dst));
+    int64_t *post = calloc((size_t)c->iters + 1, sizeof(int64_t));
+    llmdd_cache_index idx = {j->peer, j->remote, 0};
+    uint64_t posted = 0, done = 0, timed = 0, nposts = 0;
+    bool stop = false;
+    llmdd_status st;
+
+    if (ring == NULL || posted_at == NULL || dst == NULL || post == NULL) {
+        bench_fail(&j->r, LLM_OUT_OF_MEMORY, "calloc");
+        goto out;
+    }
+    for (size_t k = 0; k < (size_t)n * c->per_call; k++)
+        dst[k] = k % c->nslots;
+    j->r.t0 = cli_now_ns();
+    for (;;) {
+        while (!stop && posted - done < n) {
+            if (posted >= c->warmup && posted - c->warmup >= c->iters) {
+                stop = true;
+                break;
+            }
+            uint32_t r = (uint32_t)(posted % n);
+            int64_t t = cli_now_ns();
+            st = llmdd_pull_kv_blocks_async(j->dd, &idx, j->local, j->src,
+                                            dst + (size_t)r * c->per_call,
+                                            c->per_call, NULL, NULL, &ring[r]);
+            int64_t t1 = cli_now_ns();
+            if (st != LLM_SUCCESS) {
+                ring[r] = NULL;
+                bench_fail(&j->r, st,
+                           "llmdd_pull_kv_blocks_async (request %" PRIu64
+                           ", cluster %" PRIu64 ")",
+                           posted + 1, j->peer);
+                goto out;
+            }
+            posted_at[r] = t;
+            if (posted >= c->warmup)
+                post[nposts++] = t1 - t;
+            posted++;
+        }
+        if (done == posted)
+            break;
+        uint32_t r = (uint32_t)(done % n);
+        st = llmdd_request_wait(ring[r], -1);
+        int64_t now = cli_now_ns();
+        llmdd_request_free(ring[r]);
+        ring[r] = NULL;
+        if (st != LLM_SUCCESS) {
+            bench_fail(&j->r, st,
+                       "llmdd_request_wait (request %" PRIu64
+                       ", cluster %" PRIu64 ")",
+                       done + 1, j->peer);
+            goto out;
+        }
+        if (done >= c->warmup)
+            j->samples[timed++] = now - posted_at[r];
+        done++;
+        if (done == c->warmup)
+            j->r.t0 = now;
+        if (timed > 0 && bench_done(c, timed, j->r.t0))
+            stop = true;
+    }
+    j->r.t1 = cli_now_ns();
+    j->r.calls = timed;
+    j->r.bytes = c->block * c->per_call * c->tensors * timed;
+    j->r.nsamples = timed;
+    qsort(post, nposts, sizeof(*post), bench_cmp_i64);
+    j->r.post_ns = nposts > 0 ? post[(nposts - 1) / 2] : 0;
+out:
+    for (uint32_t i = 0; ring != NULL && i < n; i++)
+        llmdd_request_free(ring[i]); /* after a failure: cancels */
+    free(ring);
+    free(posted_at);
+    free(dst);
+    free(post);
+}
+
 static void *
 bench_job_run(void *p)
 {
@@ -297,6 +443,10 @@ bench_job_run(void *p)
                             ? c->block * c->per_call * c->tensors
                             : c->block * c->tensors;
 
+    if (c->op == BOP_PULL_BLOCKS && c->inflight > 0) {
+        bench_job_posted(j);
+        return NULL;
+    }
     for (uint64_t i = 0;; i++) {
         if (i >= c->warmup && bench_done(c, i - c->warmup, j->r.t0))
             break;
@@ -416,6 +566,8 @@ bench_run(bench_node *n, const bench_cmd *c, int out_fd)
             r.t1 = jr->t1;
         r.bytes += jr->bytes;
         r.calls += jr->calls;
+        if (jr->post_ns > r.post_ns)
+            r.post_ns = jr->post_ns;
     }
     r.nsamples = nsamples;
 out:
@@ -467,6 +619,180 @@ bench_linkbench(bench_node *n, const bench_cmd *c, int out_fd)
 out:
     bench_reply_send(out_fd, &r, samples);
     free(samples);
+}
+
+/*
+ * One layer's simulated compute. A sleep, not a busy loop: on a machine with
+ * few cores a spinning thread would take a core from the threads moving the
+ * previous layer, which a GPU computing the next layer would not.
+ */
+static void
+bench_compute(int64_t ns)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec += ns % 1000000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/*
+ * A layer-wise push of one slot: posted first, each layer marked ready after
+ * its compute (compute_ns; 0: at once), then waited for. out[LW_COMPUTE ..
+ * LW_PREEMPT] get where the time went.
+ */
+static llmdd_status
+bench_push_layered(bench_node *n, const bench_cmd *c,
+                   const llmdd_cache_index *idx, int64_t compute_ns,
+                   int64_t *out)
+{
+    llmdd_xfer_opts o = {.flags = LLMDD_XFER_LAYERWISE};
+    llmdd_request *req;
+    int64_t comp = 0, marks = 0;
+    struct rusage ru0, ru1;
+    long preempt = 0;
+    llmdd_status st;
+
+    st = llmdd_push_kv_cache_async(n->dd, &n->cache, idx, idx->batch_index, -1,
+                                   NULL, &o, &req);
+    if (st != LLM_SUCCESS)
+        return st;
+    for (uint32_t l = 0; l < c->num_layers; l++) {
+        if (compute_ns > 0) {
+            int64_t t = cli_now_ns();
+            bench_compute(compute_ns);
+            comp += cli_now_ns() - t;
+        }
+        getrusage(RUSAGE_THREAD, &ru0);
+        int64_t t = cli_now_ns();
+        st = llmdd_request_layer_ready(req, l);
+        marks += cli_now_ns() - t;
+        getrusage(RUSAGE_THREAD, &ru1);
+        preempt += ru1.ru_nivcsw - ru0.ru_nivcsw;
+        if (st != LLM_SUCCESS) {
+            llmdd_request_free(req);
+            return st;
+        }
+    }
+    int64_t t = cli_now_ns();
+    st = llmdd_request_wait(req, -1);
+    out[LW_TAIL] = cli_now_ns() - t;
+    llmdd_request_free(req);
+    out[LW_COMPUTE] = comp;
+    out[LW_MARKS] = marks;
+    out[LW_PREEMPT] = preempt;
+    return st;
+}
+
+/*
+ * --op layerwise, on the prompt. A round measures, on one slot: the push
+ * alone (the transfer), (a) every layer's compute and then one synchronous
+ * push, and (b) the layer-wise push; (a) and (b) swap places every round so
+ * neither always runs second.
+ */
+static void
+bench_layerwise(bench_node *n, const bench_cmd *c, int out_fd)
+{
+    bench_reply r;
+    int64_t *s = calloc((size_t)c->iters * LW_N + 1, sizeof(int64_t));
+    int64_t *cal = calloc(BENCH_AUTO_MIN_CALLS, sizeof(int64_t));
+    int64_t scratch[LW_N];
+    llmdd_status st = LLM_SUCCESS;
+    const char *what = "llmdd_push_kv_cache";
+    uint64_t round = 0;
+
+    memset(&r, 0, sizeof(r));
+    if (s == NULL || cal == NULL) {
+        bench_fail(&r, LLM_OUT_OF_MEMORY, "calloc");
+        goto out;
+    }
+    if (!n->have_cache) {
+        bench_fail(&r, LLM_KV_CACHE_NOT_EXIST, "run before setup");
+        goto out;
+    }
+    llmdd_cache_index idx = {2, c->dec_cache[0], 0};
+    /* Warm-up: both paths, so the workers and their connections exist. */
+    for (uint32_t i = 0; i < c->warmup; i++) {
+        idx.batch_index = (uint32_t)(i % c->nslots);
+        st = llmdd_push_kv_cache(n->dd, &n->cache, &idx, idx.batch_index, -1,
+                                 NULL);
+        if (st == LLM_SUCCESS) {
+            what = "layer-wise push";
+            st = bench_push_layered(n, c, &idx, 0, scratch);
+        }
+        if (st != LLM_SUCCESS)
+            goto fail;
+        what = "llmdd_push_kv_cache";
+    }
+    int64_t compute_ns = c->compute_ns;
+    if (compute_ns < 0) { /* about one layer's transfer time */
+        for (uint32_t i = 0; i < BENCH_AUTO_MIN_CALLS; i++) {
+            int64_t t = cli_now_ns();
+            st = llmdd_push_kv_cache(n->dd, &n->cache, &idx, idx.batch_index,
+                                     -1, NULL);
+            if (st != LLM_SUCCESS)
+                goto fail;
+            cal[i] = cli_now_ns() - t;
+        }
+        qsort(cal, BENCH_AUTO_MIN_CALLS, sizeof(*cal), bench_cmp_i64);
+        compute_ns = cal[BENCH_AUTO_MIN_CALLS / 2] / c->num_layers;
+    }
+    r.compute_ns = compute_ns;
+    r.t0 = cli_now_ns();
+    for (;; round++) {
+        if (bench_done(c, round, r.t0))
+            break;
+        int64_t *row = s + round * LW_N;
+        idx.batch_index = (uint32_t)(round % c->nslots);
+        int64_t t = cli_now_ns();
+        what = "llmdd_push_kv_cache";
+        st = llmdd_push_kv_cache(n->dd, &n->cache, &idx, idx.batch_index, -1,
+                                 NULL);
+        row[LW_PUSH] = cli_now_ns() - t;
+        for (int k = 0; k < 2 && st == LLM_SUCCESS; k++) {
+            t = cli_now_ns();
+            if ((k == 0) == (round % 2 == 0)) {
+                for (uint32_t l = 0; l < c->num_layers; l++)
+                    bench_compute(compute_ns);
+                what = "llmdd_push_kv_cache after compute";
+                st = llmdd_push_kv_cache(n->dd, &n->cache, &idx,
+                                         idx.batch_index, -1, NULL);
+                row[LW_SEQ] = cli_now_ns() - t;
+            } else {
+                what = "layer-wise push";
+                st = bench_push_layered(n, c, &idx, compute_ns, row);
+                row[LW_LAYERED] = cli_now_ns() - t;
+            }
+        }
+        /* One layer alone, as a whole request: what a layer costs when
+         * nothing else moves. */
+        llmdd_kv_ext_param one = {{0, 0}, {0, 0}, 2};
+        if (st == LLM_SUCCESS) {
+            what = "llmdd_push_kv_cache of layer 0";
+            t = cli_now_ns();
+            st = llmdd_push_kv_cache(n->dd, &n->cache, &idx, idx.batch_index,
+                                     -1, &one);
+            row[LW_LAYER] = cli_now_ns() - t;
+        }
+        if (st != LLM_SUCCESS)
+            goto fail;
+    }
+    r.t1 = cli_now_ns();
+    r.calls = round;
+    r.nsamples = round * LW_N;
+    goto out;
+fail:
+    bench_fail(&r, st, "%s (round %" PRIu64 ")", what, round + 1);
+out:
+    bench_reply_send(out_fd, &r, s);
+    free(cal);
+    free(s);
 }
 
 static int
@@ -521,6 +847,8 @@ bench_node_main(void *arg, int in_fd, int out_fd)
             bench_run(&n, c, out_fd);
         } else if (type == BC_LINKBENCH) {
             bench_linkbench(&n, c, out_fd);
+        } else if (type == BC_LAYERWISE) {
+            bench_layerwise(&n, c, out_fd);
         } else {
             bench_fail(&r, LLM_PARAM_INVALID, "unknown command");
             bench_reply_send(out_fd, &r, NULL);
@@ -649,6 +977,13 @@ typedef struct {
     double base_gbps, base_p50, base_p99;
     double ratio;
     double unlink_p50, unlink_p99; /* op link */
+    uint32_t inflight;             /* pull-blocks --inflight */
+    double post_ns;                /* its post cost, per call (p50) */
+    /* op layerwise: medians over rounds, in ms, and per-round ratios. */
+    uint32_t layers;
+    double compute_ms, push_ms, seq_ms, lw_ms, comp_ms, tail_ms, marks_ms;
+    double preempt, layer_ms, ideal_ms;
+    double ratio_seq, ratio_ideal;
 } bench_result;
 
 typedef struct {
@@ -917,6 +1252,12 @@ bench_base_label(int kind)
 static void
 bench_print_header(const bench_cfg *cfg)
 {
+    if (cfg->op == BOP_LAYERWISE) {
+        printf("\n%9s %6s %6s %10s %10s %10s %10s %10s %8s %9s\n", "layer",
+               "layers", "rounds", "compute ms", "push ms", "(a) ms", "(b) ms",
+               "ideal ms", "(b)/(a)", "(b)/ideal");
+        return;
+    }
     if (cfg->op == BOP_LINK) {
         printf("\n%8s %10s %12s %12s %12s %12s\n", "decoders", "iters",
                "link p50", "link p99", "unlink p50", "unlink p99");
@@ -932,6 +1273,28 @@ bench_print_row(const bench_cfg *cfg, const bench_result *r)
 {
     char b[32], t1[32], t2[32], t3[32], t4[32];
 
+    if (cfg->op == BOP_LAYERWISE) {
+        printf("%9s %6" PRIu32 " %6" PRIu32
+               " %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %9.2f\n",
+               cli_fmt_bytes(b, sizeof(b), 2 * r->block), r->layers, r->iters,
+               r->comp_ms, r->push_ms, r->seq_ms, r->lw_ms, r->ideal_ms,
+               r->ratio_seq, r->ratio_ideal);
+        printf("  layerwise: (b)/(a) = %.2f (target <= 0.6: %s); "
+               "(b)/ideal = %.2f (target <= 1.1: %s); compute %.0f us/layer"
+               "%s; push %.3f GB/s\n",
+               r->ratio_seq, r->ratio_seq <= 0.6 ? "met" : "MISSED",
+               r->ratio_ideal, r->ratio_ideal <= 1.1 ? "met" : "MISSED",
+               r->compute_ms * 1e3,
+               cfg->compute_ns < 0 ? " (auto: one layer's push)" : "", r->gbps);
+        printf("  where (b) goes: compute %.2f ms, inside "
+               "llmdd_request_layer_ready %.2f ms (%.0f involuntary context "
+               "switches), last mark to done %.2f ms; one layer alone %.2f "
+               "ms, push/layers %.2f ms\n",
+               r->comp_ms, r->marks_ms, r->preempt, r->tail_ms, r->layer_ms,
+               r->push_ms / r->layers);
+        fflush(stdout);
+        return;
+    }
     if (cfg->op == BOP_LINK) {
         printf("%8" PRIu32 " %10" PRIu32 " %12s %12s %12s %12s\n",
                cfg->decoders, r->iters,
@@ -952,6 +1315,16 @@ bench_print_row(const bench_cfg *cfg, const bench_result *r)
                cli_fmt_bytes(b, sizeof(b), r->block), r->per_call, r->iters,
                r->gbps, r->p50, r->p99, r->blocks_per_s, r->base_gbps,
                r->base_p50, r->ratio);
+    if (r->inflight > 0) {
+        char rat[64] = "";
+        if (r->base != BASE_NONE)
+            snprintf(rat, sizeof(rat), "%.2f x %s GB/s; ", r->ratio,
+                     bench_base_label(r->base));
+        printf("  %" PRIu32 " in flight: %spost cost: %.0f ns/block "
+               "(%" PRIu32 " blocks, p50 %s per post)\n",
+               r->inflight, rat, r->post_ns / r->per_call, r->per_call,
+               cli_fmt_ns(t1, sizeof(t1), (int64_t)r->post_ns));
+    }
     fflush(stdout);
 }
 
@@ -1023,6 +1396,26 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
             cJSON_AddNumberToObject(o, "unlink_p99_us", r->unlink_p99);
             continue;
         }
+        if (cfg->op == BOP_LAYERWISE) {
+            cJSON_AddNumberToObject(o, "layer_bytes", 2.0 * (double)r->block);
+            cJSON_AddNumberToObject(o, "layers", r->layers);
+            cJSON_AddNumberToObject(o, "rounds", r->iters);
+            cJSON_AddNumberToObject(o, "compute_per_layer_ms", r->compute_ms);
+            cJSON_AddNumberToObject(o, "compute_ms", r->comp_ms);
+            cJSON_AddNumberToObject(o, "push_ms", r->push_ms);
+            cJSON_AddNumberToObject(o, "compute_then_push_ms", r->seq_ms);
+            cJSON_AddNumberToObject(o, "layerwise_ms", r->lw_ms);
+            cJSON_AddNumberToObject(o, "ideal_ms", r->ideal_ms);
+            cJSON_AddNumberToObject(o, "layer_ready_ms", r->marks_ms);
+            cJSON_AddNumberToObject(o, "layer_ready_preemptions", r->preempt);
+            cJSON_AddNumberToObject(o, "last_mark_to_done_ms", r->tail_ms);
+            cJSON_AddNumberToObject(o, "one_layer_ms", r->layer_ms);
+            cJSON_AddNumberToObject(o, "ratio_layerwise_to_sequential",
+                                    r->ratio_seq);
+            cJSON_AddNumberToObject(o, "ratio_layerwise_to_ideal",
+                                    r->ratio_ideal);
+            continue;
+        }
         cJSON_AddNumberToObject(o, "block_size", (double)r->block);
         cJSON_AddNumberToObject(o, "blocks", r->per_call);
         cJSON_AddNumberToObject(o, "bytes_per_call", (double)r->bytes_per_call);
@@ -1031,6 +1424,12 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
         cJSON_AddNumberToObject(o, "p50_us", r->p50);
         cJSON_AddNumberToObject(o, "p99_us", r->p99);
         cJSON_AddNumberToObject(o, "blocks_per_s", r->blocks_per_s);
+        if (r->inflight > 0) {
+            cJSON_AddNumberToObject(o, "inflight", r->inflight);
+            cJSON_AddNumberToObject(o, "post_ns", r->post_ns);
+            cJSON_AddNumberToObject(o, "post_ns_per_block",
+                                    r->post_ns / r->per_call);
+        }
         if (r->base != BASE_NONE) {
             cJSON *b = cJSON_AddObjectToObject(o, "baseline");
             if (b != NULL) {
@@ -1228,9 +1627,17 @@ bench_row_cmd(const bench_cfg *cfg, uint64_t block, bench_cmd *c)
     memset(c, 0, sizeof(*c));
     c->op = (uint32_t)cfg->op;
     c->block = block;
-    if (cfg->op == BOP_PULL_BLOCKS) {
+    if (cfg->op == BOP_LAYERWISE) {
+        c->tensors = 2 * cfg->num_layers;
+        c->per_call = 1;
+        c->num_layers = cfg->num_layers;
+        c->compute_ns = cfg->compute_ns;
+        uint64_t fit = cfg->total / (block * c->tensors);
+        c->nslots = fit > 1 ? fit : 1;
+    } else if (cfg->op == BOP_PULL_BLOCKS) {
         c->tensors = 1;
         c->per_call = cfg->blocks;
+        c->inflight = cfg->inflight;
         uint64_t fit = cfg->total / block;
         c->nslots = fit > cfg->blocks ? fit : cfg->blocks;
     } else {
@@ -1255,10 +1662,17 @@ bench_row_cmd(const bench_cfg *cfg, uint64_t block, bench_cmd *c)
     uint64_t w = (16ull << 20) / per_call;
     if (w < cover)
         w = cover;
+    if (w < c->inflight) /* a full pipeline before the clock starts */
+        w = c->inflight;
     c->warmup = cfg->warmup_set        ? cfg->warmup
                 : w < 1                ? 1
                 : w > BENCH_WARMUP_MAX ? BENCH_WARMUP_MAX
                                        : (uint32_t)w;
+    /* Layer-wise: a warm-up round is a push each way, whole slots. */
+    if (cfg->op == BOP_LAYERWISE && !cfg->warmup_set)
+        c->warmup = c->nslots < 2    ? 2
+                    : c->nslots > 20 ? 20
+                                     : (uint32_t)c->nslots;
 }
 
 /* Checks the sweep fits in memory; sizes the host pool (pool_bytes). */
@@ -1310,6 +1724,9 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         OPT_NO_PROGRESS,
         OPT_MIN_TIME,
         OPT_NO_POOL,
+        OPT_INFLIGHT,
+        OPT_NUM_LAYERS,
+        OPT_COMPUTE_US,
     };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, OPT_OP},
@@ -1328,6 +1745,9 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
         {"min-time", required_argument, NULL, OPT_MIN_TIME},
         {"no-pool", no_argument, NULL, OPT_NO_POOL},
+        {"inflight", required_argument, NULL, OPT_INFLIGHT},
+        {"num-layers", required_argument, NULL, OPT_NUM_LAYERS},
+        {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
         {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
         {"option", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
@@ -1344,19 +1764,21 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
             return -1;
         case OPT_OP:
             found = false;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < BOP_N; i++)
                 if (strcmp(optarg, bench_ops[i]) == 0)
                     cfg->op = i, found = true;
             if (!found)
                 return cli_usage_err("--op: \"%s\" is not pull, push, "
-                                     "pull-blocks or link",
+                                     "pull-blocks, link or layerwise",
                                      optarg);
             break;
         case 't':
             if (!cli_set_transport(&cfg->lo, optarg))
                 return CLI_EXIT_USAGE;
+            cfg->transport_set = true;
             break;
         case OPT_BLOCK_SIZE:
+            cfg->block_set = true;
             if (!cli_parse_range(optarg, true, &cfg->bmin, &cfg->bmax) ||
                 cfg->bmin == 0 || cfg->bmax > (64ull << 30))
                 return cli_usage_err("--block-size: \"%s\" is not MIN:MAX "
@@ -1420,6 +1842,24 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         case OPT_NO_POOL:
             cfg->no_pool = true;
             break;
+        case OPT_NUM_LAYERS:
+            if (!cli_parse_u32(optarg, 1, 1024, &cfg->num_layers))
+                return cli_usage_err("--num-layers: want 1..1024, got \"%s\"",
+                                     optarg);
+            cfg->num_layers_set = true;
+            break;
+        case OPT_COMPUTE_US:
+            if (!cli_parse_u32(optarg, 0, 10000000, &v))
+                return cli_usage_err("--compute-us: want 0..10000000, got "
+                                     "\"%s\"",
+                                     optarg);
+            cfg->compute_ns = (int64_t)v * 1000;
+            break;
+        case OPT_INFLIGHT:
+            if (!cli_parse_u32(optarg, 1, BENCH_MAX_INFLIGHT, &cfg->inflight))
+                return cli_usage_err("--inflight: want 1..%u, got \"%s\"",
+                                     BENCH_MAX_INFLIGHT, optarg);
+            break;
         case OPT_MIN_TIME:
             if (!cli_parse_u32(optarg, 1, 3600000, &cfg->min_time_ms))
                 return cli_usage_err("--min-time: bad milliseconds \"%s\"",
@@ -1443,6 +1883,25 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
     if (cfg->blocks == 0)
         cfg->blocks = cfg->op == BOP_PULL_BLOCKS ? 64 : 1;
+    if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)
+        return cli_usage_err("--inflight: only with --op pull-blocks");
+    if (cfg->op == BOP_LAYERWISE) {
+        if (cfg->decoders > 1 || cfg->blocks > 1 || cfg->csv != NULL ||
+            cfg->plot != NULL || cfg->baseline != BASE_AUTO)
+            return cli_usage_err("--op layerwise: one decoder, one block "
+                                 "per tensor, no --csv, --plot or "
+                                 "--baseline (its baseline is (a))");
+        /* A layer of 2 MiB: long enough to time, short enough to run
+         * several rounds a second. */
+        if (!cfg->block_set)
+            cfg->bmin = cfg->bmax = 1u << 20;
+        if (!cfg->transport_set && !cli_set_transport(&cfg->lo, "tcp"))
+            return CLI_EXIT_USAGE;
+        cfg->baseline = BASE_NONE;
+    } else if (cfg->num_layers_set || cfg->compute_ns >= 0) {
+        return cli_usage_err("--num-layers and --compute-us: only with "
+                             "--op layerwise");
+    }
     if (cfg->op == BOP_LINK && cfg->plot != NULL)
         return cli_usage_err("--plot draws a block-size sweep; --op link "
                              "has none");
@@ -1473,6 +1932,7 @@ bench_row(const bench_cfg *cfg, cli_node *prompt, cli_node *decs,
     res->per_call = cfg->blocks;
     res->bytes_per_call = block * cfg->blocks;
     res->warmup = c.warmup;
+    res->inflight = cfg->inflight;
     res->base = bench_base_kind(cfg);
 
     /* The baseline first, while no cache of this row holds memory. */
@@ -1549,6 +2009,9 @@ bench_row(const bench_cfg *cfg, cli_node *prompt, cli_node *decs,
             t1 = r.t1;
         bytes += r.bytes;
         calls += r.calls;
+        /* The slowest decoder's post cost. */
+        if ((double)r.post_ns > res->post_ns)
+            res->post_ns = (double)r.post_ns;
     }
     if (failed)
         goto out;
@@ -1642,6 +2105,118 @@ out:
     return ok;
 }
 
+static double
+bench_median(double *v, size_t n)
+{
+    /* Insertion sort: a few dozen rounds. */
+    for (size_t i = 1; i < n; i++)
+        for (size_t k = i; k > 0 && v[k - 1] > v[k]; k--) {
+            double t = v[k];
+            v[k] = v[k - 1];
+            v[k - 1] = t;
+        }
+    return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/*
+ * One row of --op layerwise. The ideal of a round is max(its compute, its
+ * transfer) + one layer's transfer: the last layer can only move after its
+ * compute. Ratios are taken within each round, then their median.
+ */
+static bool
+bench_layerwise_row(const bench_cfg *cfg, cli_node *prompt, cli_node *dec,
+                    uint64_t block, bench_progress *prog, bench_result *res)
+{
+    bench_cmd c;
+    bench_reply r, lw;
+    int64_t *s = NULL;
+    double *v = NULL;
+    bool ok = false;
+
+    bench_row_cmd(cfg, block, &c);
+    memset(res, 0, sizeof(*res));
+    res->block = block;
+    res->per_call = 1;
+    res->bytes_per_call = block * c.tensors;
+    res->warmup = c.warmup;
+    res->base = BASE_NONE;
+    res->layers = c.num_layers;
+    char bs[32];
+    snprintf(prog->label, sizeof(prog->label), "layers of %s",
+             cli_fmt_bytes(bs, sizeof(bs), 2 * block));
+    if (!bench_call(prompt, BC_SETUP, &c, NULL, &r, NULL))
+        return false;
+    if (r.status != LLM_SUCCESS) {
+        cli_err("prompt: %s", r.err);
+        return false;
+    }
+    if (!bench_call(dec, BC_SETUP, &c, NULL, &r, NULL))
+        return false;
+    if (r.status != LLM_SUCCESS) {
+        cli_err("decoder 1: %s", r.err);
+        return false;
+    }
+    c.dec_cache[0] = r.cache_id;
+    c.ndec = 1;
+    if (!bench_call(prompt, BC_LAYERWISE, &c, prog, &lw, &s))
+        return false;
+    if (lw.status != LLM_SUCCESS || lw.calls == 0 ||
+        lw.nsamples != lw.calls * LW_N) {
+        cli_err("prompt: %s", lw.err);
+        goto out;
+    }
+    c.nslots = 0; /* free this row's caches */
+    if (!bench_call(prompt, BC_SETUP, &c, NULL, &r, NULL) ||
+        !bench_call(dec, BC_SETUP, &c, NULL, &r, NULL))
+        goto out;
+
+    size_t n = lw.calls, L = c.num_layers;
+    v = calloc(n + 1, sizeof(*v));
+    if (v == NULL) {
+        cli_err("out of memory");
+        goto out;
+    }
+    res->calls = n;
+    res->iters = (uint32_t)n;
+    res->compute_ms = (double)lw.compute_ns / 1e6;
+    double *dst[LW_N] = {
+        [LW_PUSH] = &res->push_ms,    [LW_SEQ] = &res->seq_ms,
+        [LW_LAYERED] = &res->lw_ms,   [LW_COMPUTE] = &res->comp_ms,
+        [LW_TAIL] = &res->tail_ms,    [LW_MARKS] = &res->marks_ms,
+        [LW_PREEMPT] = &res->preempt, [LW_LAYER] = &res->layer_ms};
+    for (int k = 0; k < LW_N; k++) {
+        for (size_t i = 0; i < n; i++)
+            v[i] = (double)s[i * LW_N + k] / (k == LW_PREEMPT ? 1 : 1e6);
+        *dst[k] = bench_median(v, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const int64_t *x = s + i * LW_N;
+        double t = (double)x[LW_PUSH];
+        v[i] = ((x[LW_COMPUTE] > x[LW_PUSH] ? (double)x[LW_COMPUTE] : t) +
+                t / (double)L) /
+               1e6;
+    }
+    res->ideal_ms = bench_median(v, n);
+    for (size_t i = 0; i < n; i++)
+        v[i] = (double)s[i * LW_N + LW_LAYERED] / (double)s[i * LW_N + LW_SEQ];
+    res->ratio_seq = bench_median(v, n);
+    for (size_t i = 0; i < n; i++) {
+        const int64_t *x = s + i * LW_N;
+        double t = (double)x[LW_PUSH];
+        double ideal =
+            (x[LW_COMPUTE] > x[LW_PUSH] ? (double)x[LW_COMPUTE] : t) +
+            t / (double)L;
+        v[i] = (double)x[LW_LAYERED] / ideal;
+    }
+    res->ratio_ideal = bench_median(v, n);
+    res->gbps = cli_gbps(res->bytes_per_call, (int64_t)(res->push_ms * 1e6));
+    ok = true;
+out:
+    free(v);
+    free(s);
+    return ok;
+}
+
 int
 cli_bench(int argc, char **argv)
 {
@@ -1670,6 +2245,8 @@ cli_bench(int argc, char **argv)
     cfg.progress = isatty(STDERR_FILENO);
     cfg.timeout_ms = CLI_LINK_TIMEOUT_MS;
     cfg.min_time_ms = BENCH_MIN_TIME_MS;
+    cfg.num_layers = 32;
+    cfg.compute_ns = -1;
     for (int i = 0, n = 0; i < argc && n < (int)sizeof(cfg.command) - 1; i++) {
         int k = snprintf(cfg.command + n, sizeof(cfg.command) - (size_t)n,
                          "%s%s", i > 0 ? " " : "", argv[i]);
@@ -1712,16 +2289,34 @@ cli_bench(int argc, char **argv)
            threaded ? " (threads: loop needs one process)" : " (processes)",
            cfg.reg ? "prompt memory registered (malloc)"
                    : "prompt memory from llmdd_allocate_cache");
-    if (cfg.op != BOP_LINK)
+    if (cfg.op == BOP_LAYERWISE)
+        printf("  %" PRIu32 " layers (K, V tensors each); one slot per push; "
+               "compute per layer: %s, simulated by sleeping (a busy loop "
+               "would take a core from the transfer threads); (a) compute "
+               "all layers, then llmdd_push_kv_cache; (b) "
+               "llmdd_push_kv_cache_async with LLMDD_XFER_LAYERWISE posted "
+               "first, llmdd_request_layer_ready after each layer's compute, "
+               "then llmdd_request_wait\n",
+               cfg.num_layers,
+               cfg.compute_ns < 0 ? "one layer's push (measured per row)"
+                                  : cli_fmt_ns(b1, sizeof(b1), cfg.compute_ns));
+    else if (cfg.op != BOP_LINK)
         printf("  %" PRIu32 " %s per call; each cache up to %s per row; "
                "baseline: %s%s\n",
                cfg.blocks,
-               cfg.op == BOP_PULL_BLOCKS ? "scattered block(s) of one tensor"
-                                         : "tensor(s), one batch slot of each,",
+               cfg.op != BOP_PULL_BLOCKS ? "tensor(s), one batch slot of each,"
+               : cfg.inflight > 0 ? "scattered block(s) of one tensor, posted "
+                                    "(llmdd_pull_kv_blocks_async),"
+                                  : "scattered block(s) of one tensor",
                cli_fmt_bytes(b1, sizeof(b1), cfg.total), bench_base_label(base),
                base == BASE_TCP ? " (one loopback connection, two processes)"
                : base == BASE_MEMCPY ? " (one thread, same bytes)"
                                      : "");
+    if (cfg.inflight > 0)
+        printf("  %" PRIu32 " request(s) in flight per decoder: each "
+               "completion (llmdd_request_wait on the oldest) posts the "
+               "next\n",
+               cfg.inflight);
     fflush(stdout);
 
     prole = (bench_role){.cfg = &cfg, .prompt = true};
@@ -1774,8 +2369,11 @@ cli_bench(int argc, char **argv)
         }
         for (uint64_t b = cfg.bmin; nrows < maxrows; b *= 2) {
             prog.done = nrows;
-            if (!bench_row(&cfg, &prompt, decs, b, &bufs, &prog,
-                           &rows[nrows])) {
+            if (!(cfg.op == BOP_LAYERWISE
+                      ? bench_layerwise_row(&cfg, &prompt, &decs[0], b, &prog,
+                                            &rows[nrows])
+                      : bench_row(&cfg, &prompt, decs, b, &bufs, &prog,
+                                  &rows[nrows]))) {
                 bench_progress_clear(&prog);
                 goto out;
             }
@@ -1787,6 +2385,12 @@ cli_bench(int argc, char **argv)
     if (cfg.op == BOP_LINK)
         printf("\nlink: llmdd_link_clusters, unlink: llmdd_unlink_clusters "
                "(not forced), per call, all decoders; %s total.\n",
+               cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
+    else if (cfg.op == BOP_LAYERWISE)
+        printf("\nMedians over rounds: compute = all layers' sleeps as "
+               "measured; push = the synchronous push alone (the "
+               "transfer); ideal = max(compute, push) + push / layers; "
+               "ratios are per round, then their median; %s total.\n",
                cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
     else
         printf("\nGB/s = 10^9 bytes/s, aggregate over decoders; p50/p99 per "

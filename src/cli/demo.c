@@ -2,11 +2,14 @@
  * llmdd demo: a prompt and a decoder instance, each in its own process (or
  * both in this one for the loop transport), with caches shaped like a real
  * model. The decoder links, pulls a batch slot, a layer range and a set of
- * paged blocks; the prompt pushes a slot back over the same link. Every
- * transferred byte is checked against the deterministic fill.
+ * paged blocks; the prompt pushes a slot back over the same link, then
+ * streams another layer by layer as it "computes" it, with a notification
+ * the decoder waits for. Every transferred byte is checked against the
+ * deterministic fill.
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +36,8 @@ enum {
     DM_PULL_BLOCKS,
     DM_PUSH,
     DM_VERIFY_SLOT,
+    DM_PUSH_LAYERWISE,
+    DM_WAIT_NOTIFY,
     DM_REPLY,
 };
 
@@ -46,6 +51,7 @@ typedef struct {
     uint32_t nblocks;
     uint64_t src_blocks[DEMO_MAX_BLOCKS];
     uint64_t dst_blocks[DEMO_MAX_BLOCKS];
+    char note[64]; /* the notification a layer-wise push carries */
 } demo_cmd;
 
 typedef struct {
@@ -80,8 +86,11 @@ static const char demo_usage[] =
     "heads x 128 dims, 4 slots x 128 tokens = 64 MiB per cache), fills the\n"
     "prompt's caches with a deterministic pattern, then: the decoder links,\n"
     "pulls a whole batch slot, a layer range and a set of paged blocks; the\n"
-    "prompt pushes one slot into the decoder over that link. Every byte is\n"
-    "verified with a checksum. Exits 0 only if everything verified.\n"
+    "prompt pushes one slot into the decoder over that link, then streams\n"
+    "another layer by layer (LLMDD_XFER_LAYERWISE: each layer moves once\n"
+    "the prompt has written it) with a notification the decoder waits for\n"
+    "(llmdd_notify_fd, llmdd_get_notifies). Every byte is verified with a\n"
+    "checksum. Exits 0 only if everything verified.\n"
     "\n"
     "Options:\n"
     "  -t, --transport NAME  auto (default), loop, shm, tcp, ucx. auto picks\n"
@@ -257,6 +266,84 @@ demo_do(demo_node *n, const demo_cmd *c, demo_reply *r)
         r->bytes = stride * nt;
         if (st != LLM_SUCCESS)
             demo_fail(r, st, "llmdd_push_kv_cache");
+        return;
+    }
+    case DM_PUSH_LAYERWISE: {
+        /* The slot is "computed" layer by layer: it starts zeroed and each
+         * layer gets its bytes just before it is marked, so a layer that
+         * moved early would arrive as zeros. */
+        llmdd_cache_index dst = {.cluster_id = DEMO_DECODER_ID,
+                                 .cache_id = c->remote_cache,
+                                 .batch_index = c->dst_slot};
+        llmdd_xfer_opts o = {.flags = LLMDD_XFER_LAYERWISE,
+                             .notify = c->note,
+                             .notify_len = strlen(c->note)};
+        uint32_t seed = cli_cache_seed(cfg->seed, n->kv.cache_id);
+        uint64_t off = c->src_slot * stride;
+        llmdd_request *req;
+        for (uint32_t t = 0; t < nt; t++)
+            memset((uint8_t *)(uintptr_t)n->kv.tensor_addrs[t] + off, 0,
+                   stride);
+        t0 = cli_now_ns();
+        st = llmdd_push_kv_cache_async(n->dd, &n->kv, &dst, c->src_slot, -1,
+                                       NULL, &o, &req);
+        if (st != LLM_SUCCESS) {
+            demo_fail(r, st, "llmdd_push_kv_cache_async(LLMDD_XFER_LAYERWISE)");
+            return;
+        }
+        for (uint32_t l = 0; l < nt / 2 && st == LLM_SUCCESS; l++) {
+            for (uint32_t t = 2 * l; t < 2 * l + 2; t++)
+                cli_fill((uint8_t *)(uintptr_t)n->kv.tensor_addrs[t] + off,
+                         stride, seed, t, off);
+            st = llmdd_request_layer_ready(req, l);
+        }
+        if (st == LLM_SUCCESS)
+            st = llmdd_request_wait(req, -1);
+        llmdd_request_free(req);
+        r->ns = cli_now_ns() - t0;
+        r->bytes = stride * nt;
+        if (st != LLM_SUCCESS)
+            demo_fail(r, st, "layer-wise push");
+        return;
+    }
+    case DM_WAIT_NOTIFY: {
+        /* Readable once a notification waits; it comes after the bytes. */
+        struct pollfd pfd = {.fd = llmdd_notify_fd(n->dd), .events = POLLIN};
+        int wait_ms = cfg->timeout_ms + atoi(CLI_WAIT_MS);
+        llmdd_notify *note = calloc(1, sizeof(*note));
+        size_t count = 0;
+        if (note == NULL) {
+            demo_fail(r, LLM_OUT_OF_MEMORY, "calloc");
+            return;
+        }
+        int k = poll(&pfd, 1, wait_ms);
+        r->ns = cli_now_ns() - t0;
+        if (k != 1) {
+            demo_fail(r, LLM_WAIT_PROC_TIMEOUT, "poll(llmdd_notify_fd)");
+        } else if ((st = llmdd_get_notifies(n->dd, note, 1, &count)) !=
+                   LLM_SUCCESS) {
+            demo_fail(r, st, "llmdd_get_notifies");
+        } else if (count != 1 || note->cluster_id != DEMO_PROMPT_ID ||
+                   note->len != strlen(c->note) ||
+                   memcmp(note->msg, c->note, note->len) != 0) {
+            r->status = LLM_FAILED;
+            snprintf(r->err, sizeof(r->err),
+                     "notification: %zu received, from cluster %" PRIu64
+                     ", \"%.*s\"; want one from cluster %d, \"%s\"",
+                     count, count > 0 ? note->cluster_id : 0,
+                     count > 0 ? (int)(note->len < 64 ? note->len : 64) : 0,
+                     (const char *)note->msg, DEMO_PROMPT_ID, c->note);
+        } else if (!cli_segs_slot(&n->kv, 0, 0, nt, c->dst_slot * stride,
+                                  c->src_slot * stride, stride, &segs,
+                                  &nsegs)) {
+            demo_fail(r, LLM_OUT_OF_MEMORY, "verify");
+        } else {
+            /* Every byte is checked the moment the notification is in. */
+            demo_check(r, segs, nsegs, c->remote_seed);
+            r->bytes = stride * nt;
+            free(segs);
+        }
+        free(note);
         return;
     }
     case DM_VERIFY_SLOT:
@@ -451,7 +538,7 @@ int
 cli_demo(int argc, char **argv)
 {
     demo_cfg cfg;
-    demo_row rows[8];
+    demo_row rows[10];
     size_t nrows = 0;
     cli_node prompt = {.cmd_fd = -1, .rep_fd = -1};
     cli_node decoder = {.cmd_fd = -1, .rep_fd = -1};
@@ -628,7 +715,44 @@ cli_demo(int argc, char **argv)
             push->status = vr.status;
     }
 
-    /* 6. unlink */
+    /* 6. a layer-streamed push with a notification: the decoder waits for
+     * it (as it would in its event loop) while the prompt computes and
+     * marks each layer */
+    memset(&c, 0, sizeof(c));
+    c.remote_cache = dr.kv_id;
+    c.remote_seed = kv_seed;
+    c.src_slot = 0;
+    c.dst_slot = 1 % s->batch;
+    snprintf(c.note, sizeof(c.note),
+             "slot %" PRIu32 " of cache %" PRId64 ": %" PRIu32 " layers",
+             c.dst_slot, dr.kv_id, L);
+    c.op = DM_WAIT_NOTIFY;
+    if (cli_msg_send(decoder.cmd_fd, c.op, &c, sizeof(c), NULL, 0) != 0) {
+        cli_err("the decoder node stopped answering");
+        goto out;
+    }
+    c.op = DM_PUSH_LAYERWISE;
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "push slot %" PRIu32 " -> %" PRIu32 " layer by layer", c.src_slot,
+             c.dst_slot);
+    rows[nrows].moved = true;
+    demo_reply *lw = &rows[nrows++].r;
+    if (!demo_call(&prompt, &c, lw, op_ms))
+        goto out;
+    snprintf(rows[nrows].name, sizeof(rows[0].name),
+             "decoder: notify_fd, get_notifies");
+    demo_reply *nr = &rows[nrows++].r;
+    if (!demo_call(&decoder, NULL, nr, op_ms))
+        goto out;
+    if (lw->status == LLM_SUCCESS) {
+        lw->verified = nr->verified;
+        lw->sum = nr->sum;
+        if (nr->status != LLM_SUCCESS || nr->verified != 1)
+            memcpy(lw->err, nr->err, sizeof(nr->err));
+    }
+    printf("  notification: \"%s\"\n", c.note);
+
+    /* 7. unlink */
     memset(&c, 0, sizeof(c));
     c.op = DM_UNLINK;
     c.port = pr.port;

@@ -169,6 +169,71 @@ test_bench_pull_blocks(void **state)
     cu_result_free(&r);
 }
 
+/* --inflight: posted requests, their ratio and post cost lines. */
+static void
+test_bench_pull_blocks_inflight(void **state)
+{
+    (void)state;
+    const char *args[] = {
+        "-t",      "tcp",      "--op",     "pull-blocks", "--block-size",
+        "16K",     "--blocks", "8",        "--inflight",  "4",
+        "--iters", "12",       "--warmup", "4",           "--total-size",
+        "1M",      NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 1);
+    const cJSON *row = cJSON_GetArrayItem(rows, 0);
+    check_row(row, 16384, 8, 12, "tcp");
+    assert_true(num(row, "inflight") == 4);
+    assert_true(num(row, "post_ns_per_block") > 0);
+    assert_non_null(strstr(r.out, "4 in flight: "));
+    assert_non_null(strstr(r.out, " x raw TCP GB/s; post cost: "));
+    assert_non_null(strstr(r.out, " ns/block (8 blocks, p50 "));
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
+/* --op layerwise: both times, both ratios, where the time went. */
+static void
+test_bench_layerwise(void **state)
+{
+    (void)state;
+    const char *args[] = {"--op",
+                          "layerwise",
+                          "--num-layers",
+                          "4",
+                          "--block-size",
+                          "64K",
+                          "--compute-us",
+                          "300",
+                          "--iters",
+                          "3",
+                          "--warmup",
+                          "1",
+                          NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    assert_string_equal(str(obj(root, "config"), "transport"), "tcp");
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 1);
+    const cJSON *row = cJSON_GetArrayItem(rows, 0);
+    assert_true(num(row, "layers") == 4);
+    assert_true(num(row, "rounds") == 3);
+    assert_true(num(row, "layer_bytes") == 2 * 65536);
+    assert_true(num(row, "push_ms") > 0);
+    /* (a) sleeps 4 x 300 us before it pushes. */
+    assert_true(num(row, "compute_then_push_ms") >= 1.2);
+    assert_true(num(row, "layerwise_ms") >= 1.2);
+    assert_true(num(row, "ratio_layerwise_to_sequential") > 0);
+    assert_true(num(row, "ratio_layerwise_to_ideal") > 0);
+    assert_non_null(strstr(r.out, "  layerwise: (b)/(a) = "));
+    assert_non_null(strstr(r.out, "; (b)/ideal = "));
+    assert_non_null(strstr(r.out, "where (b) goes: compute "));
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
 static void
 test_bench_link(void **state)
 {
@@ -256,6 +321,8 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_bench_tcp_sweep_json_csv, teardown),
         cmocka_unit_test_teardown(test_bench_push_two_decoders_loop, teardown),
         cmocka_unit_test_teardown(test_bench_pull_blocks, teardown),
+        cmocka_unit_test_teardown(test_bench_pull_blocks_inflight, teardown),
+        cmocka_unit_test_teardown(test_bench_layerwise, teardown),
         cmocka_unit_test_teardown(test_bench_link, teardown),
         cmocka_unit_test_teardown(test_bench_register_auto, teardown),
         cmocka_unit_test_teardown(test_bench_plot, teardown),

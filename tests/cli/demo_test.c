@@ -24,11 +24,12 @@ static void
 expect_demo_ok(const cu_result *r)
 {
     if (r->code != 0 || strstr(r->out, "OK: every transfer verified") == NULL ||
-        verified_rows(r->out) != 4)
+        verified_rows(r->out) != 6)
         cu_dump("demo", r);
     assert_int_equal(r->code, 0);
     assert_non_null(strstr(r->out, "OK: every transfer verified"));
-    assert_int_equal(verified_rows(r->out), 4);
+    /* Four transfers, the layer-wise push and its notification. */
+    assert_int_equal(verified_rows(r->out), 6);
 }
 
 static void
@@ -45,6 +46,9 @@ test_demo_default(void **state)
     assert_non_null(strstr(r.out, "64 tensors of bf16 [4,128,8,128]"));
     assert_non_null(strstr(r.out, "pull layers 8-15"));
     assert_non_null(strstr(r.out, "push slot 3 -> 3"));
+    assert_non_null(strstr(r.out, "push slot 0 -> 1 layer by layer "));
+    assert_non_null(strstr(r.out, "decoder: notify_fd, get_notifies "));
+    assert_non_null(strstr(r.out, "notification: \"slot 1 of cache "));
     if (strcmp(transport, "loop") == 0)
         assert_non_null(strstr(r.out, "two instances in this process"));
     else
