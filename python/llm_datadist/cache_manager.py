@@ -118,7 +118,8 @@ class CacheManager:
         raise_if_false(len(addrs) == cache_desc.num_tensors,
                        "addrs length should be equal to num_tensors.")
         for a in addrs:
-            raise_if_false(a is not None and a != 0, "addr can not be zero.")
+            if isinstance(a, int):      # tensors and arrays are checked by llmdd
+                raise_if_false(a != 0, "addr can not be zero.")
         d = cache_desc._llmdd()
         with translate(what):
             h = self._dd.register_cache(list(addrs), d)

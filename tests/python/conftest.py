@@ -57,7 +57,7 @@ def peer():
     p.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ref_peer():
     p = Peer(mode="ref")
     yield p
