@@ -126,7 +126,23 @@ def _ext(src_layers, dst_layers, tensor_num_per_layer):
     return e
 
 
+_U64_ARRAY = ctypes.c_uint64 * 1
+
+
 def _blocks(name, blocks):
+    # Fast path: a ctypes uint64 array or a numpy uint64 vector is passed as
+    # is (the library checks every index against the cache).
+    if isinstance(blocks, ctypes.Array) and blocks._type_ is ctypes.c_uint64:
+        if len(blocks) == 0:
+            raise ValueError(f"{name} is empty")
+        return blocks, len(blocks)
+    dt = getattr(blocks, "dtype", None)
+    if dt is not None and str(dt) == "uint64" and getattr(blocks, "ndim", 0) == 1:
+        m = memoryview(blocks)
+        if m.c_contiguous and m.nbytes:
+            arr = (ctypes.c_uint64 * len(blocks)).from_buffer(blocks) if not m.readonly \
+                else (ctypes.c_uint64 * len(blocks)).from_buffer_copy(m)
+            return arr, len(blocks)
     if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
         raise TypeError(f"{name} must be a sequence of ints")
     n = len(blocks)
@@ -418,11 +434,14 @@ class Request:
             if ptr is None:
                 return
             self._ptr = None
-        lib.llmdd_request_cancel(ptr)   # wakes any waiter
         with self._cv:
-            while self._users:
-                self._cv.wait()
-        lib.llmdd_request_free(ptr)
+            busy = self._users
+        if busy:
+            lib.llmdd_request_cancel(ptr)   # wakes the other waiters
+            with self._cv:
+                while self._users:
+                    self._cv.wait()
+        lib.llmdd_request_free(ptr)         # cancels first if in flight
         self._keep = None
 
     def __enter__(self):
