@@ -30,8 +30,9 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         lib = _find_library()
+        dst = os.path.join(self.build_lib, "llmdd", "_lib")
+        shutil.rmtree(dst, ignore_errors=True)   # never ship a stale copy
         if lib:
-            dst = os.path.join(self.build_lib, "llmdd", "_lib")
             os.makedirs(dst, exist_ok=True)
             shutil.copy2(lib, os.path.join(dst, "libllmdd.so.0"))
 
