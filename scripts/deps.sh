@@ -1,13 +1,14 @@
 #!/bin/sh
 # Installs the Debian 12 packages llmdd needs to build, test and benchmark,
 # when any is missing. Idempotent; runs apt-get only when something is absent.
-#   sh scripts/deps.sh          build, tests, demo, plots
+#   sh scripts/deps.sh          build, tests (the Python ones too), demo, plots
 #   sh scripts/deps.sh --ci     also the CI extras (clang for fuzzing, valgrind,
 #                               promtool from prometheus for the metrics test)
 set -eu
 
 pkgs="build-essential cmake pkg-config libcmocka-dev libcjson-dev libssl-dev
-libucx-dev ucx-utils gnuplot-nox iproute2 libmicrohttpd-dev"
+libucx-dev ucx-utils gnuplot-nox iproute2 libmicrohttpd-dev
+python3-pytest python3-numpy python3-torch python3-setuptools python3-pip"
 if [ "${1:-}" = "--ci" ]; then
     pkgs="$pkgs clang libclang-rt-14-dev valgrind prometheus"
 fi

@@ -1,0 +1,171 @@
+"""LLMDataDist: the reference's entry point over an llmdd.Instance."""
+
+import llmdd
+
+from .cache_manager import CacheManager
+from .configs import LLMClusterInfo, LLMRole
+from .llm_types import RegisterMemStatus
+from .status import LLMException, LLMStatusCode, code_2_status, raise_if_false, translate
+
+# Keys the Python layer consumes (the reference's modes); never sent to C.
+_PY_ONLY = {"llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
+            "llm.MemoryUtilization", "llm.Role"}
+_RENAMED = {"llm.listenIpInfo": "llm.ListenIpInfo"}
+_NOT_ENABLED = LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+
+
+def _c_options(options):
+    """The reference's option dict -> the C library's keys."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError("options must be a dict of str to str")
+    out = {}
+    for k, v in options.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int)) or isinstance(v, bool):
+            raise TypeError(f"option {k!r}: keys and values must be str")
+        k = _RENAMED.get(k, k)
+        if k == "ge.exec.deviceId":
+            out.setdefault("llm.DeviceId", str(v).split(";")[0])
+        elif k.startswith("llm.") and k not in _PY_ONLY:
+            out[k] = str(v)
+    return out
+
+
+def _role(role):
+    if not isinstance(role, LLMRole):
+        raise TypeError("role must be an LLMRole")
+    return llmdd.Role(role.value)
+
+
+def _clusters(clusters, need_addr):
+    if not isinstance(clusters, (list, tuple)) or not all(
+            isinstance(c, LLMClusterInfo) for c in clusters):
+        raise TypeError("clusters must be a list or tuple of LLMClusterInfo")
+    raise_if_false(len(clusters) > 0, "clusters can not be empty.")
+    out = []
+    for c in clusters:
+        raise_if_false(c.remote_cluster_id is not None, "remote_cluster_id is not set")
+        if need_addr:
+            raise_if_false(len(c.remote_ip_info_list) == 1,
+                           "a cluster needs exactly one remote ip info "
+                           "(append_remote_ip_info)")
+        ci = llmdd.ClusterInfo(c.remote_cluster_id,
+                               c.remote_ip_info_list[0] if c.remote_ip_info_list else None,
+                               c.local_ip_info_list,
+                               0 if c.remote_role_type is None else
+                               getattr(c.remote_role_type, "value", c.remote_role_type))
+        out.append(ci)
+    return out
+
+
+class LLMDataDist:
+    """LLMDataDist(role, cluster_id); init(options) before use."""
+
+    def __init__(self, role, cluster_id):
+        _role(role)
+        if not isinstance(cluster_id, int) or isinstance(cluster_id, bool) or \
+                not 0 <= cluster_id < 2**64:
+            raise TypeError("cluster_id must be an int in [0, 2**64)")
+        self._role = role
+        self._cluster_id = cluster_id
+        self._dd = None
+        self._cache_manager = None
+
+    @property
+    def cluster_id(self):
+        return self._cluster_id
+
+    @property
+    def role(self):
+        return self._role
+
+    def init(self, options):
+        """Creates and initializes the llmdd instance with the options
+        (LLMConfig.generate_options())."""
+        if self._dd is not None:
+            return
+        opts = _c_options(options)
+        timeout = int(opts.get("llm.SyncKvCacheWaitTime", "1000") or 1000) \
+            if str(opts.get("llm.SyncKvCacheWaitTime", "1000")).isdigit() else 1000
+        with translate("[LLMDataDist.init]"):
+            dd = llmdd.Instance(self._cluster_id, _role(self._role), opts)
+        self._dd = dd
+        self._cache_manager = CacheManager(self, dd, timeout)
+
+    def finalize(self):
+        if self._dd is None:
+            return
+        dd, self._dd = self._dd, None
+        self._cache_manager = None
+        dd.close()
+
+    def _inited(self):
+        raise_if_false(self._dd is not None, "LLMDataDist is not initialized",
+                       LLMStatusCode.LLM_FAILED)
+        return self._dd
+
+    @property
+    def cache_manager(self):
+        self._inited()
+        return self._cache_manager
+
+    @staticmethod
+    def _timeout(timeout):
+        if not isinstance(timeout, int) or isinstance(timeout, bool):
+            raise TypeError("timeout must be an int")
+        raise_if_false(0 < timeout <= 2**31 - 1, "Param timeout should be greater than 0.")
+
+    def link_clusters(self, clusters, timeout=3000):
+        """Returns (LLMStatusCode, [LLMStatusCode per cluster])."""
+        dd = self._inited()
+        self._timeout(timeout)
+        cl = _clusters(clusters, True)
+        with translate("[link_clusters]"):
+            st, rets = dd.link_clusters_status(cl, timeout)
+        self._cache_manager._forget_keys()
+        return code_2_status(st), [code_2_status(r) for r in rets]
+
+    def unlink_clusters(self, clusters, timeout=3000, force=False):
+        dd = self._inited()
+        self._timeout(timeout)
+        if not isinstance(force, bool):
+            raise TypeError("force must be a bool")
+        cl = _clusters(clusters, not force)
+        with translate("[unlink_clusters]"):
+            st, rets = dd.unlink_clusters_status(cl, timeout, force)
+        self._cache_manager._forget_keys()
+        return code_2_status(st), [code_2_status(r) for r in rets]
+
+    def switch_role(self, role, switch_options=None):
+        dd = self._inited()
+        r = _role(role)
+        with translate("[switch_role]"):
+            dd.set_role(r, _c_options(switch_options))
+        self._role = role
+
+    # Entry points that only mean something with Huawei's collective library.
+    def link(self, comm_name, cluster_rank_info, rank_table):
+        raise LLMException("link(comm_name, cluster_rank_info, rank_table) needs HCCL "
+                           "communication domains, which llmdd has not: use "
+                           "link_clusters(clusters, timeout)", status_code=_NOT_ENABLED)
+
+    def unlink(self, comm_id):
+        raise LLMException("unlink(comm_id) needs HCCL communication domains: use "
+                           "unlink_clusters(clusters, timeout)", status_code=_NOT_ENABLED)
+
+    def query_register_mem_status(self, comm_id):
+        raise LLMException("query_register_mem_status(comm_id) needs HCCL communication "
+                           "domains: links made by link_clusters are ready when it "
+                           "returns", status_code=_NOT_ENABLED)
+
+    def check_link_status(self, remote_cluster_id):
+        raise LLMException("check_link_status is the V1 API: a dead peer's link is "
+                           "dropped and transfers return LLM_NOT_YET_LINK",
+                           status_code=_NOT_ENABLED)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()

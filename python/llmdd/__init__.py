@@ -1,0 +1,41 @@
+"""llmdd: move LLM KV caches between processes (Python binding, ctypes).
+
+    import llmdd
+    with llmdd.Instance(2, llmdd.Role.DECODER) as dd:
+        dd.link(1, "127.0.0.1:26000")
+        kv = dd.register_cache([torch.zeros(8, 4096) for _ in range(4)])
+        dd.pull_cache(llmdd.CacheIndex(1, 1, 0), kv)
+
+docs/python.md describes the binding; include/llmdd/llmdd.h the C API.
+"""
+
+from ._ffi import library_path, lib as _lib
+from ._status import Status, LlmddError, RequestTimeout, status_str
+from ._core import (Role, Placement, DataType, CacheDesc, CacheIndex, ClusterInfo,
+                    Cache, Request, Instance, DTYPE_SIZE)
+from ._ffi import XFER_LAYERWISE, NOTIFY_MAX, KEY_MAX, MAX_DIMS
+
+globals().update({s.name: s for s in Status})   # llmdd.LLM_TIMEOUT, ...
+
+__all__ = ["Status", "LlmddError", "RequestTimeout", "status_str", "Role", "Placement",
+           "DataType", "CacheDesc", "CacheIndex", "ClusterInfo", "Cache", "Request",
+           "Instance", "version", "transport_list", "transport_info", "library_path",
+           "XFER_LAYERWISE", "NOTIFY_MAX", "KEY_MAX", "MAX_DIMS"] + [s.name for s in Status]
+
+
+def version():
+    """The library's version string."""
+    return _lib.llmdd_version().decode()
+
+
+def transport_list():
+    """The transports built into the library, in llm.Transport=auto's order."""
+    return _lib.llmdd_transport_list().decode().split(",")
+
+
+def transport_info(name):
+    """One line about a built-in transport's environment, or None."""
+    if not isinstance(name, str):
+        raise TypeError("name must be a str")
+    s = _lib.llmdd_transport_info(name.encode())
+    return None if s is None else s.decode()

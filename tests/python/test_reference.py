@@ -1,0 +1,202 @@
+"""llm_datadist (the reference's API) against a real prompt process."""
+
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from llm_datadist import (LLMDataDist, LLMRole, LLMConfig, LLMClusterInfo, CacheDesc, Cache,
+                          DataType, Placement, BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex,
+                          LLMException, LLMStatusCode, LayerSynchronizer, TransferConfig,
+                          TransferWithCacheKeyConfig)
+from common import pattern
+
+
+def test_config_options():
+    c = LLMConfig()
+    c.listen_ip_info = "127.0.0.1:26000"
+    c.device_id = 3
+    c.sync_kv_timeout = 1500
+    c.mem_pool_cfg = '{"memory_size": 1048576}'
+    c.host_mem_pool_cfg = '{"memory_size": 1048576, "page_shift": 16}'
+    c.buf_pool_cfg = '{"buf_cfg": []}'
+    c.enable_switch_role = True
+    c.local_comm_res = ""
+    c.enable_cache_manager = True
+    c.enable_remote_cache_accessible = True
+    o = c.generate_options()
+    assert o["llm.ListenIpInfo"] == "127.0.0.1:26000" and o["llm.DeviceId"] == "3"
+    assert o["llm.SyncKvCacheWaitTime"] == "1500"
+    assert o["llm.MemPoolConfig"] and o["llm.HostMemPoolConfig"] and o["llm.BufPoolCfg"]
+    assert o["llm.EnableSwitchRole"] == "1" and o["llm.LocalCommRes"] == ""
+    with pytest.raises(LLMException) as e:
+        c.sync_kv_timeout = 0
+    assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    with pytest.raises(TypeError):
+        c.enable_cache_manager = 1
+    # the C library takes every key (the Ascend-only ones with a log line)
+    o.pop("llm.ListenIpInfo")
+    dd = LLMDataDist(LLMRole.MIX, 7)
+    dd.init(o)
+    dd.cache_manager.allocate_cache(CacheDesc(1, [4], DataType.DT_INT8, Placement.HOST))
+    dd.finalize()
+    assert LLMStatusCode.LLM_WAIT_PROCESS_TIMEOUT.value == 0x5010B001
+    assert LLMStatusCode.LLM_FEATURE_NOT_ENABLED.value == 0x5010B019
+
+
+@pytest.fixture
+def dec(ref_peer):
+    cfg = LLMConfig()
+    cfg.sync_kv_timeout = 5000
+    cfg.enable_cache_manager = True
+    dd = LLMDataDist(LLMRole.DECODER, 2)
+    dd.init(cfg.generate_options())
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_local_ip_info("127.0.0.1", 0)
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    st, rets = dd.link_clusters([ci], timeout=3000)
+    assert st == LLMStatusCode.LLM_SUCCESS and rets == [LLMStatusCode.LLM_SUCCESS]
+    dd.ci = ci
+    yield dd
+    st, rets = dd.unlink_clusters([ci], timeout=3000)
+    assert st == LLMStatusCode.LLM_SUCCESS
+    dd.finalize()
+
+
+def test_link_failures_and_hccl_entry_points(dec, ref_peer):
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 9
+    ci.append_remote_ip_info(int.from_bytes(bytes([127, 0, 0, 1]), "little"), 1)
+    st, rets = dec.link_clusters([ci], timeout=500)
+    assert st == LLMStatusCode.LLM_LINK_FAILED and rets == [LLMStatusCode.LLM_LINK_FAILED]
+    st, rets = dec.link_clusters([dec.ci])
+    assert rets == [LLMStatusCode.LLM_ALREADY_LINK]
+    with pytest.raises(LLMException) as e:
+        dec.link_clusters([dec.ci], timeout=0)
+    assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    for call in (lambda: dec.link("c", {1: 0, 2: 1}, "{}"), lambda: dec.unlink(1),
+                 lambda: dec.query_register_mem_status(1)):
+        with pytest.raises(LLMException) as e:
+            call()
+        assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+        assert "link_clusters" in str(e.value)
+    with pytest.raises(LLMException) as e:
+        dec.switch_role(LLMRole.PROMPT)          # links are alive
+    assert e.value.status_code == LLMStatusCode.LLM_EXIST_LINK
+
+
+def test_pull_blocks_and_cache(dec, ref_peer):
+    cm = dec.cache_manager
+    ts = [torch.zeros(16, 32, dtype=torch.float16) for _ in range(4)]
+    blocks = cm.register_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16),
+                                      [t.data_ptr() for t in ts])
+    cm.pull_blocks(BlocksCacheKey(prompt_cluster_id=1), blocks, [1, 2, 9], [4, 5, 0])
+    src1 = pattern(21, (16, 32), np.float16)
+    assert (ts[1][4:6].numpy() == src1[1:3]).all() and (ts[1][0].numpy() == src1[9]).all()
+    cm.pull_blocks(BlocksCacheKey(1), blocks, [3], [3], src_layer_range=range(1, 2),
+                   dst_layer_range=range(0, 1), tensor_num_per_layer=2)
+    assert (ts[0][3].numpy() == pattern(22, (16, 32), np.float16)[3]).all()
+    with pytest.raises(LLMException) as e:
+        cm.pull_blocks(BlocksCacheKey(1, 5), blocks, [0], [0])   # no such model key
+    assert e.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    with pytest.raises(LLMException) as e:
+        cm.pull_blocks(CacheKey(1, 100), blocks, [], [0])
+    assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+
+    arrs = [np.zeros((4, 64), np.int32) for _ in range(4)]
+    cache = cm.register_cache(CacheDesc(4, [4, 64], DataType.DT_INT32), arrs)
+    cm.pull_cache(CacheKey(1, req_id=102), cache, batch_index=1)            # whole slot
+    assert (arrs[3][1] == pattern(33, (4, 64), np.int32)[2]).all()
+    cm.pull_cache(CacheKey(prompt_cluster_id=1, req_id=103), cache, 2, size=64)
+    assert (arrs[0][2][:16] == pattern(30, (4, 64), np.int32)[3][:16]).all()
+    assert not arrs[0][2][16:].any()
+    cm.pull_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["keyed"], 0), cache, 3,
+                  src_layer_range=range(0, 1), dst_layer_range=range(1, 2))
+    assert (arrs[2][3] == pattern(30, (4, 64), np.int32)[0]).all()
+    assert not arrs[0][3].any()
+    with pytest.raises(LLMException) as e:
+        cm.pull_cache(CacheKey(1, req_id=999), cache)
+    assert e.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    with pytest.raises(LLMException) as e:
+        cm.pull_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["keyed"], 0), cache, size=0)
+    assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    cm.unregister_cache(cache.cache_id)
+    cm.unregister_cache(blocks.cache_id)
+    with pytest.raises(LLMException) as e:
+        cm.pull_cache(CacheKey(1, req_id=102), cache)
+    assert e.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+
+
+def test_push_copy_swap(ref_peer):
+    dd = LLMDataDist(LLMRole.MIX, 3)       # push needs Prompt or Mix
+    dd.init({"llm.SyncKvCacheWaitTime": "5000", "llm.EnableCacheManager": "1"})
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    assert dd.link_clusters([ci])[0] == LLMStatusCode.LLM_SUCCESS
+    cm = dd.cache_manager
+    src = cm.allocate_cache(CacheDesc(4, [4, 64], DataType.DT_INT32))
+    vals = [pattern(60 + i, (4, 64), np.int32) for i in range(4)]
+    for i, a in enumerate(src.tensor_addrs):
+        ctypes.memmove(a, vals[i].ctypes.data, vals[i].nbytes)
+    cm.push_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["pslot"], 2), src, src_batch_index=1)
+    cm.push_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["pslot"], 3), src, 0,
+                  src_layer_range=range(1, 2), dst_layer_range=range(0, 1))
+    d = [np.frombuffer(bytes.fromhex(h), np.int32).reshape(4, 64)
+         for h in ref_peer.ask("dump pslot")]
+    assert (d[1][2] == vals[1][1]).all() and (d[0][3] == vals[2][0]).all()
+    assert not d[2][3].any()
+    bsrc = cm.allocate_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16))
+    bv = [pattern(70 + i, (16, 32), np.float16) for i in range(4)]
+    for i, a in enumerate(bsrc.tensor_addrs):
+        ctypes.memmove(a, bv[i].ctypes.data, bv[i].nbytes)
+    cm.push_blocks(BlocksCacheKey(1, 1), bsrc, [0, 1], [7, 8])
+    d = [np.frombuffer(bytes.fromhex(h), np.float16).reshape(16, 32)
+         for h in ref_peer.ask("dump pblk")]
+    assert (d[3][7:9] == bv[3][0:2]).all()
+    # local copies
+    dst = cm.allocate_cache(CacheDesc(4, [4, 64], DataType.DT_INT32))
+    cm.copy_cache(dst, src, dst_batch_index=3, src_batch_index=2, offset=8, size=16)
+    got = np.ctypeslib.as_array((ctypes.c_int32 * 256).from_address(dst.tensor_addrs[2]))
+    assert (got.reshape(4, 64)[3][2:6] == vals[2][2][2:6]).all() and not got[:194].any()
+    cm.copy_blocks(bsrc, {0: [5, 6]})
+    host = np.zeros((4, 16, 32), np.float16)
+    hc = Cache.create_cpu_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16, Placement.HOST),
+                                [host[i].ctypes.data for i in range(4)])
+    cm.swap_blocks(bsrc, hc, {5: 0, 1: 2})
+    assert (host[2][0] == bv[2][0]).all() and (host[2][2] == bv[2][1]).all()
+    with pytest.raises(LLMException):
+        cm.swap_blocks(bsrc, hc, {16: 0})
+    cm.deallocate_cache(dst)
+    with pytest.raises(LLMException) as e:
+        cm.copy_cache(dst, src)
+    assert e.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    # layer-wise transfer driven by a LayerSynchronizer
+    seen = []
+
+    class Sync(LayerSynchronizer):
+        def synchronize_layer(self, layer_index, timeout_in_millis):
+            seen.append((layer_index, threading.current_thread().name))
+            return True
+    task = cm.transfer_cache_async(bsrc, Sync(), [TransferWithCacheKeyConfig(
+        BlocksCacheKey(1, 1), src_layer_range=range(0, 2))], [2, 3], [10, 11])
+    assert task.synchronize(5000) == LLMStatusCode.LLM_SUCCESS
+    assert [s[0] for s in seen] == [0, 1]
+    assert task.get_results() == [LLMStatusCode.LLM_SUCCESS]
+    d = [np.frombuffer(bytes.fromhex(h), np.float16).reshape(16, 32)
+         for h in ref_peer.ask("dump pblk")]
+    assert (d[0][10:12] == bv[0][2:4]).all() and (d[3][10:12] == bv[3][2:4]).all()
+
+    class Fail(LayerSynchronizer):
+        def synchronize_layer(self, layer_index, timeout_in_millis):
+            return layer_index == 0
+    task = cm.transfer_cache_async(src, Fail(), [TransferWithCacheKeyConfig(
+        CacheKeyByIdAndIndex(1, ref_peer.ids["pslot"], 0))])
+    assert task.synchronize(5000) == LLMStatusCode.LLM_FAILED
+    with pytest.raises(LLMException) as e:
+        cm.transfer_cache_async(src, Sync(), [TransferConfig(1, [4096])])
+    assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    dd.finalize()
