@@ -21,8 +21,9 @@
  * returns when the request is done, so nothing writes into the caller's
  * memory afterwards.
  *
- * Locking: reqs->lock guards the job queue, the live list and every
+ * Locking: reqs->lock guards the job queue, the list of requests and every
  * request's state; it is never held across I/O, a copy or another lock.
+ * Workers sleep on `work` (signalled once a job), waiters on `cond`.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -43,7 +44,8 @@ typedef struct job {
 
 struct llmdd__reqs {
     pthread_mutex_t lock;
-    pthread_cond_t cond; /* jobs queued, requests done */
+    pthread_cond_t work; /* a job was queued, or stop: wakes one worker */
+    pthread_cond_t cond; /* a request is done: wakes its waiters */
     job *head, *tail;
     llmdd_request *all; /* not yet freed: finalize detaches them */
     pthread_t threads[WORKERS];
@@ -91,6 +93,7 @@ reqs_get(llmdd *dd, bool workers, struct llmdd__reqs **out)
             return LLM_OUT_OF_MEMORY;
         }
         pthread_mutex_init(&r->lock, NULL);
+        pthread_cond_init(&r->work, NULL);
         llmdd__cond_init(&r->cond);
         dd->reqs = r;
     }
@@ -151,7 +154,7 @@ enqueue(struct llmdd__reqs *r, job *j)
         r->head = j;
     r->tail = j;
     j->req->queued++;
-    pthread_cond_broadcast(&r->cond);
+    pthread_cond_signal(&r->work); /* one job, one worker */
 }
 
 /* owner->lock held. Drops the request's queued jobs. */
@@ -284,7 +287,7 @@ worker_main(void *arg)
     pthread_mutex_lock(&r->lock);
     for (;;) {
         while (r->head == NULL && !r->stop)
-            pthread_cond_wait(&r->cond, &r->lock);
+            pthread_cond_wait(&r->work, &r->lock);
         if (r->head == NULL)
             break;
         job *j = r->head;
@@ -572,7 +575,7 @@ llmdd__requests_fini(llmdd *dd)
         return;
     pthread_mutex_lock(&r->lock);
     r->stop = true;
-    pthread_cond_broadcast(&r->cond);
+    pthread_cond_broadcast(&r->work);
     for (llmdd_request *q = r->all; q != NULL; q = q->next)
         cancel_locked(r, q, LLM_FAILED);
     /* The requests stay the caller's to free; they no longer need us. */
@@ -588,6 +591,7 @@ llmdd__requests_fini(llmdd *dd)
     dd->reqs = NULL;
     pthread_mutex_unlock(&dd->lock);
     pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->work);
     pthread_cond_destroy(&r->cond);
     free(r);
 }
