@@ -98,10 +98,9 @@ xfer(llmdd *dd, const llmdd_cache *local, int64_t remote, bool push)
     uint64_t blocks[4] = {0, 1, 2, 3};
     llmdd_cache_index idx = {PEER, remote, 0};
 
-    return push ? llmdd_push_kv_blocks(dd, local, &idx, blocks, blocks, 4,
-                                       NULL)
-                : llmdd_pull_kv_blocks(dd, &idx, local, blocks, blocks, 4,
-                                       NULL);
+    return push
+               ? llmdd_push_kv_blocks(dd, local, &idx, blocks, blocks, 4, NULL)
+               : llmdd_pull_kv_blocks(dd, &idx, local, blocks, blocks, 4, NULL);
 }
 
 static void
@@ -173,8 +172,7 @@ kill_loop(bool push)
         th_fill(&local, 77);
 
     for (int it = 0; it < iters; it++) {
-        const char *args[] = {"--cluster", "1", "--transport", transport,
-                              NULL};
+        const char *args[] = {"--cluster", "1", "--transport", transport, NULL};
         uint32_t seed = 10 + (uint32_t)it;
         th_proc p;
         assert_int_equal(th_proc_start(&p, NULL, args), 0);
@@ -193,8 +191,8 @@ kill_loop(bool push)
         }
 
         struct killer k = {.pid = p.pid,
-                           .delay_us = (int)(fu_rand(&rng) %
-                                             (40000u * FU_SLOW))};
+                           .delay_us =
+                               (int)(fu_rand(&rng) % (40000u * FU_SLOW))};
         pthread_t kt;
         assert_int_equal(pthread_create(&kt, NULL, killer_main, &k), 0);
         /* Transfer until one started after the kill has failed. */
@@ -242,14 +240,26 @@ test_prompt_killed_during_push(void **state)
 
 static int
 spawn_decoder(fu_child *c, uint16_t port, int64_t cache, unsigned seed,
-              const char *desc, bool tolerate)
+              const char *desc, bool tolerate, unsigned pulls)
 {
-    char sport[16], scache[24], sseed[16], line[256];
-    const char *argv[] = {fu_decoder_path(), "--port", sport, "--cache",
-                          scache, "--seed", sseed, "--desc", desc,
-                          "--pulls", "0", "--transport", transport,
-                          tolerate ? "--tolerate" : NULL, NULL};
+    char sport[16], scache[24], sseed[16], spulls[16], line[256];
+    const char *argv[] = {fu_decoder_path(),
+                          "--port",
+                          sport,
+                          "--cache",
+                          scache,
+                          "--seed",
+                          sseed,
+                          "--desc",
+                          desc,
+                          "--pulls",
+                          spulls,
+                          "--transport",
+                          transport,
+                          tolerate ? "--tolerate" : NULL,
+                          NULL};
 
+    snprintf(spulls, sizeof(spulls), "%u", pulls); /* 0: until stdin ends */
     snprintf(sport, sizeof(sport), "%u", port);
     snprintf(scache, sizeof(scache), "%lld", (long long)cache);
     snprintf(sseed, sizeof(sseed), "%u", seed);
@@ -267,7 +277,7 @@ spawn_decoder(fu_child *c, uint16_t port, int64_t cache, unsigned seed,
 static void
 test_decoder_killed_during_pull(void **state)
 {
-    const char *args[] = {"--cluster", "1", "--role", "prompt",
+    const char *args[] = {"--cluster",   "1",       "--role", "prompt",
                           "--transport", transport, NULL};
     char cmd[64], reply[64], line[256], big_desc_s[32];
     fu_child steady, victim;
@@ -278,18 +288,17 @@ test_decoder_killed_during_pull(void **state)
     snprintf(cmd, sizeof(cmd), "alloc-big %d %d 9", BIG_MIB, BIG_TENSORS);
     assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
     int64_t big = atoll(reply + 3);
-    snprintf(big_desc_s, sizeof(big_desc_s), "big:%d:%d", BIG_MIB,
-             BIG_TENSORS);
+    snprintf(big_desc_s, sizeof(big_desc_s), "big:%d:%d", BIG_MIB, BIG_TENSORS);
 
     /* The decoder that must not notice anything. */
-    assert_int_equal(spawn_decoder(&steady, p.port, p.ids.kv, 1, "kv", false),
-                     0);
+    assert_int_equal(
+        spawn_decoder(&steady, p.port, p.ids.kv, 1, "kv", false, 0), 0);
     int fds = fu_fd_count(p.pid);
     long threads = fu_proc_status(p.pid, "Threads");
 
     for (int it = 0; it < iters; it++) {
         assert_int_equal(
-            spawn_decoder(&victim, p.port, big, 9, big_desc_s, true), 0);
+            spawn_decoder(&victim, p.port, big, 9, big_desc_s, true, 0), 0);
         fu_sleep_ms((int)(fu_rand(&rng) % (50u * FU_SLOW)));
         kill(victim.pid, SIGKILL);
         assert_int_equal(fu_reap(&victim, 5000), 128 + SIGKILL);
@@ -298,14 +307,14 @@ test_decoder_killed_during_pull(void **state)
     /* Every killed decoder's connections and threads are gone. */
     assert_true(fu_settles(p.pid, fds, threads, 5000 * FU_SLOW));
 
-    /* A new decoder links and pulls big slots correctly. */
+    /* A new decoder links and pulls big slots correctly: a fixed number of
+     * pulls, all of them ok, no byte wrong. */
     assert_int_equal(
-        spawn_decoder(&victim, p.port, big, 9, big_desc_s, false), 0);
-    fu_sleep_ms(100);
-    fu_close_in(&victim);
+        spawn_decoder(&victim, p.port, big, 9, big_desc_s, false, 6), 0);
     assert_int_equal(fu_readline(&victim, line, sizeof(line), 10000 * FU_SLOW),
                      0);
     printf("kill_test: new decoder: %s\n", line);
+    assert_non_null(strstr(line, "DONE pulls=6 ok=6 errors=0 mismatches=0 "));
     assert_int_equal(fu_reap(&victim, 5000), 0);
 
     fu_close_in(&steady);

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <linux/capability.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -73,6 +74,13 @@ test_cma_refused_falls_back(void **state)
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &back), LLM_SUCCESS);
 
+    /* The library's log (stderr) goes to a file while the fallback runs. */
+    FILE *log = tmpfile();
+    assert_non_null(log);
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0 && dup2(fileno(log), 2) == 2);
+
     llmdd__shm_stats_get(&a);
     assert_int_equal(pull_all(dd, proc.ids.reg, &c), LLM_SUCCESS);
     check_cache(&c, 2);
@@ -94,6 +102,23 @@ test_cma_refused_falls_back(void **state)
     assert_int_equal(a.stream_xfers - b.stream_xfers, 2);
     assert_int_equal(a.cma_xfers, b.cma_xfers);
 
+    /* Three transfers of the refused cache, one line saying so. */
+    fflush(stderr);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    char text[8192];
+    rewind(log);
+    size_t n = fread(text, 1, sizeof(text) - 1, log);
+    text[n] = '\0';
+    fclose(log);
+    int lines = 0;
+    for (const char *p = text; (p = strstr(p, "cross-memory attach")) != NULL;
+         p++)
+        lines++;
+    if (lines != 1)
+        fail_msg("expected one log line about the refused attach, got %d:\n%s",
+                 lines, text);
+
     /* Allocated caches need no ptrace access: still a memcpy. */
     assert_int_equal(pull_all(dd, proc.ids.kv, &c), LLM_SUCCESS);
     check_cache(&c, 1);
@@ -105,8 +130,8 @@ test_cma_refused_falls_back(void **state)
 int
 main(void)
 {
-    const char *args[] = {"--cluster", "1", "--wait", "5000", "--no-dumpable",
-                          NULL};
+    const char *args[] = {"--cluster",     "1", "--wait", "5000",
+                          "--no-dumpable", NULL};
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cma_refused_falls_back),
     };
@@ -122,8 +147,9 @@ main(void)
     struct iovec l = {&byte, 1}, r = {(void *)(uintptr_t)4096, 1};
     errno = 0;
     if (process_vm_readv(proc.pid, &l, 1, &r, 1, 0) >= 0 || errno != EPERM) {
-        fprintf(stderr, "cross-memory attach is not refused here (%s); "
-                        "skipping\n",
+        fprintf(stderr,
+                "cross-memory attach is not refused here (%s); "
+                "skipping\n",
                 strerror(errno));
         th_proc_stop(&proc);
         return TH_SKIP;

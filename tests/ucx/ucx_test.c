@@ -131,8 +131,7 @@ link_and_pull(const char *mine, const char *theirs, bool want_ucx)
     llmdd *dd = self_new(mine, "4000");
 
     peer_start(&p, theirs);
-    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
-                     LLM_SUCCESS);
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000), LLM_SUCCESS);
     assert_int_equal(strcmp(link_transport(dd, PEER), "ucx") == 0, want_ucx);
     pull_small_ok(dd, &p);
     llmdd_destroy(dd);
@@ -186,8 +185,7 @@ test_listener_pulls_and_pushes(void **state)
     assert_int_equal(th_init_listen(srv, "127.0.0.1", &port, o, 2),
                      LLM_SUCCESS);
     cli = self_new("ucx", "4000");
-    assert_int_equal(th_link(cli, PEER, "127.0.0.1", port, 5000),
-                     LLM_SUCCESS);
+    assert_int_equal(th_link(cli, PEER, "127.0.0.1", port, 5000), LLM_SUCCESS);
 
     /* The client's caches: one allocated, one registered user memory. */
     assert_int_equal(llmdd_allocate_cache(cli, &d, &theirs), LLM_SUCCESS);
@@ -227,8 +225,7 @@ test_listener_pulls_and_pushes(void **state)
     assert_int_equal(llmdd_pull_kv_cache(srv, &ri, &mine, 0, -1, NULL),
                      LLM_KV_CACHE_NOT_EXIST);
     free(mem);
-    assert_int_equal(llmdd_deallocate_cache(cli, theirs.cache_id),
-                     LLM_SUCCESS);
+    assert_int_equal(llmdd_deallocate_cache(cli, theirs.cache_id), LLM_SUCCESS);
     assert_int_equal(llmdd_push_kv_cache(srv, &mine, &ai, 0, -1, NULL),
                      LLM_KV_CACHE_NOT_EXIST);
     llmdd_destroy(cli);
@@ -267,8 +264,7 @@ test_peer_killed_mid_pull(void **state)
 
     (void)state;
     peer_start(&p, "ucx");
-    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
-                     LLM_SUCCESS);
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000), LLM_SUCCESS);
     int64_t rid = peer_alloc_big(&p);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     const uint8_t *first = (const uint8_t *)(uintptr_t)local.tensor_addrs[0];
@@ -343,8 +339,7 @@ test_timeout_leaves_buffers_alone(void **state)
 
     (void)state;
     peer_start(&p, "ucx");
-    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
-                     LLM_SUCCESS);
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000), LLM_SUCCESS);
     int64_t rid = peer_alloc_big(&p);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     llmdd_cache_index idx = {PEER, rid, 0};
@@ -358,16 +353,16 @@ test_timeout_leaves_buffers_alone(void **state)
 
     set_wait(dd, 20);
     int64_t start = now_ms();
-    llmdd_status st = llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4,
-                                           NULL);
+    llmdd_status st = llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL);
     int64_t took = now_ms() - start;
     print_message("128 MiB pull with a 20 ms wait: %s after %lld ms\n",
                   llmdd_status_str(st), (long long)took);
     assert_true(took <= 20 + 1000);
     if (tls_is("tcp"))
         assert_int_equal(st, LLM_TIMEOUT); /* emulated RMA: far slower */
-    if (st == LLM_TIMEOUT) {
-        /* Nothing lands after the call returned. */
+    {
+        /* Nothing lands after the call returned, whatever it returned
+         * (over sm the pull may finish inside its 20 ms). */
         uint64_t len = (uint64_t)BIG_MIB << 20;
         uint8_t *snap = malloc(2 * len);
         assert_non_null(snap);
@@ -386,8 +381,7 @@ test_timeout_leaves_buffers_alone(void **state)
      * allocate). */
     set_wait(dd, 30000);
     pull_small_ok(dd, &p);
-    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4,
-                                          NULL),
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL),
                      LLM_SUCCESS);
     for (uint32_t t = 0; t < 2; t++)
         assert_int_equal(

@@ -150,8 +150,12 @@ test_failed_calls_consume_no_id(void **state)
     size_t nbad = invalid_descs(bad);
     llmdd_cache c;
     int64_t id;
-    uint64_t addrs[8] = {0};
+    static uint8_t mem[8][4096];
+    uint64_t addrs[8];
 
+    /* Real addresses: each description is refused for itself. */
+    for (int t = 0; t < 8; t++)
+        addrs[t] = (uint64_t)(uintptr_t)mem[t];
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
     assert_int_equal(c.cache_id, 1);
     for (size_t i = 0; i < nbad; i++) {
@@ -164,6 +168,7 @@ test_failed_calls_consume_no_id(void **state)
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
     assert_int_equal(c.cache_id, 2);
     d.placement = LLMDD_PLACEMENT_HOST;
+    addrs[3] = 0;
     assert_int_equal(llmdd_register_kv_cache(dd, &d, addrs, 8, &id),
                      LLM_PARAM_INVALID); /* address 0 */
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
@@ -204,10 +209,10 @@ test_allocate_device(void **state)
     assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
     th_fill(&c, 3);
     for (uint32_t t = 0; t < d.num_tensors; t++)
-        assert_int_equal(th_check_buf((const uint8_t *)(uintptr_t)
-                                          c.tensor_addrs[t],
-                                      th_tensor_size(&d), 3, t),
-                         -1);
+        assert_int_equal(
+            th_check_buf((const uint8_t *)(uintptr_t)c.tensor_addrs[t],
+                         th_tensor_size(&d), 3, t),
+            -1);
     assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
 }
 
@@ -337,8 +342,7 @@ test_register(void **state)
     /* Copies see the caller's memory in both directions. */
     llmdd_cache a, r = {.cache_id = id, .desc = d};
     assert_int_equal(llmdd_allocate_cache(dd, &d, &a), LLM_SUCCESS);
-    assert_int_equal(llmdd_copy_kv_cache(dd, &r, &a, 2, 2, 0, -1),
-                     LLM_SUCCESS);
+    assert_int_equal(llmdd_copy_kv_cache(dd, &r, &a, 2, 2, 0, -1), LLM_SUCCESS);
     for (uint32_t t = 0; t < 8; t++)
         assert_memory_equal((uint8_t *)(uintptr_t)a.tensor_addrs[t] + 2048,
                             mem + 4096 * t + 2048, 1024);
@@ -422,19 +426,15 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_allocate_zeroed_and_ids, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_ids_per_instance, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ids_per_instance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_calls_consume_no_id, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_allocate_invalid, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_allocate_device, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_allocate_invalid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_allocate_device, setup, teardown),
         cmocka_unit_test(test_pool),
         cmocka_unit_test_setup_teardown(test_deallocate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_register, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_register_device, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_register_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove_by_kind, setup, teardown),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
