@@ -373,13 +373,17 @@ test_crossed_links(void **state)
     llmdd *a = instance(SERVER, LLMDD_ROLE_MIX, &pa, "tcp", NULL, 0);
     llmdd *b = instance(CLIENT, LLMDD_ROLE_MIX, &pb, "tcp", NULL, 0);
     llmdd_cache_desc d = th_desc_kv();
-    llmdd_cache ca, cb;
+    llmdd_cache ca, cb, sa, sb;
     pthread_barrier_t go;
     int rounds = (int)fu_env("LLMDD_CROSS_ROUNDS", 40), both_ok = 0;
 
     (void)state;
+    /* Sources (ca, cb) are filled once and never written again; each side
+     * pulls into its own scratch cache (sa, sb). */
     assert_int_equal(llmdd_allocate_cache(a, &d, &ca), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(b, &d, &cb), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(a, &d, &sa), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(b, &d, &sb), LLM_SUCCESS);
     th_fill(&ca, 1);
     th_fill(&cb, 2);
     pthread_barrier_init(&go, NULL, 2);
@@ -397,17 +401,14 @@ test_crossed_links(void **state)
         assert_true(xa.st == LLM_SUCCESS || xb.st == LLM_SUCCESS);
         both_ok += xa.st == LLM_SUCCESS && xb.st == LLM_SUCCESS;
         /* One link, usable from both sides. */
-        assert_int_equal(pull_one(a, CLIENT, &ca, cb.cache_id), LLM_SUCCESS);
-        assert_int_equal(pull_one(b, SERVER, &cb, ca.cache_id), LLM_SUCCESS);
-        th_fill(&ca, 1);
-        th_fill(&cb, 2);
+        assert_int_equal(pull_one(a, CLIENT, &sa, cb.cache_id), LLM_SUCCESS);
+        assert_int_equal(pull_one(b, SERVER, &sb, ca.cache_id), LLM_SUCCESS);
         /* Unlink and wait until the other side has let go too. */
         assert_int_equal(th_unlink(a, CLIENT, "127.0.0.1", pb, false, 2000),
                          LLM_SUCCESS);
         int64_t deadline = fu_now_ms() + 5000;
-        while (pull_one(b, SERVER, &cb, ca.cache_id) != LLM_NOT_YET_LINK)
+        while (pull_one(b, SERVER, &sb, ca.cache_id) != LLM_NOT_YET_LINK)
             assert_true(fu_now_ms() < deadline);
-        th_fill(&cb, 2);
     }
     printf("crossed links: %d rounds, %d with both calls LLM_SUCCESS\n", rounds,
            both_ok);
