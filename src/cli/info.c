@@ -48,6 +48,10 @@ static const struct {
     {"llm.MaxLinks", "auto or 1..65535", "auto",
      "links a listening instance serves at once; more are refused with "
      "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
+    {"llm.BufPoolCfg, llm.EnableSwitchRole, llm.LocalCommRes, "
+     "llm.TransferBackend",
+     "any", "-",
+     "LLM-DataDist's Ascend options: accepted, logged once, no effect here"},
 };
 
 static const struct {
