@@ -286,6 +286,8 @@ LLMDD_API const char *llmdd_transport_info(const char *name);
  * not listen (or is not initialized).
  */
 LLMDD_API llmdd_status llmdd_listen_address(llmdd *dd, llmdd_ip_info *out);
+/* Bytes of one element of `dt`; 0 for a type without a known size. */
+LLMDD_API size_t llmdd_data_type_size(llmdd_data_type dt);
 
 /*
  * Requests (0.2): posted transfers, notifications, layer streaming. The

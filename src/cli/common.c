@@ -753,9 +753,7 @@ cli_shape_flags(const cli_shape *s, char *buf, size_t cap)
 uint64_t
 cli_desc_tensor_size(const llmdd_cache_desc *d)
 {
-    uint64_t n =
-        d->data_type == LLMDD_DT_BF16 || d->data_type == LLMDD_DT_FLOAT16 ? 2
-                                                                          : 1;
+    uint64_t n = llmdd_data_type_size(d->data_type);
 
     for (uint32_t i = 0; i < d->num_dims; i++)
         n *= (uint64_t)d->shape[i];

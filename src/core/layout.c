@@ -26,6 +26,12 @@ llmdd__dtype_size(llmdd_data_type dt)
     }
 }
 
+size_t
+llmdd_data_type_size(llmdd_data_type dt)
+{
+    return llmdd__dtype_size(dt);
+}
+
 llmdd_status
 llmdd__desc_check(const llmdd_cache_desc *desc, uint64_t *tensor_size_out,
                   uint64_t *stride_out)

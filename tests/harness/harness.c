@@ -12,7 +12,7 @@
 uint64_t
 th_tensor_size(const llmdd_cache_desc *d)
 {
-    uint64_t size = d->data_type == LLMDD_DT_UINT8 ? 1 : 2;
+    uint64_t size = llmdd_data_type_size(d->data_type);
 
     for (uint32_t i = 0; i < d->num_dims; i++)
         size *= (uint64_t)d->shape[i];
