@@ -25,6 +25,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")      # one thread per process: 2 processes, 2 cores
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True          # nothing written into the source tree
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
 
