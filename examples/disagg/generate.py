@@ -238,8 +238,8 @@ def report(cfg, lengths, ref, results, transport):
                     print(f"  {mode + ' #' + str(r):<15} {res['tokens'][i]}"
                           f"{'' if same else '   <-- DIFFERS'}")
     print("time to first token (ms), mean over the batch / the last request; median over rounds:")
-    rows = [("one", [ref])] + [(m, [r for r in results[m] if not r.get("warmup")])
-                               for m in MODES]
+    rows = [("one", ref.get("rounds", [ref]))]
+    rows += [(m, [r for r in results[m] if not r.get("warmup")]) for m in MODES]
     for key, rs in rows:
         mean = statistics.median(1000 * statistics.mean(r["ttft"]) for r in rs)
         last = statistics.median(1000 * r["ttft"][-1] for r in rs)
@@ -284,11 +284,12 @@ def main():
             return 0
         one_process(cfg, lengths, GEN)
         return report(cfg, lengths, one_process(cfg, lengths, GEN), results, a.transport)
-    # both: one process first (alone on the CPUs; once to warm up), then the two processes
-    warm, ref = one_process(cfg, lengths, GEN), one_process(cfg, lengths, GEN)
-    if warm["tokens"] != ref["tokens"]:
+    # both: one process first (alone on the CPUs; round 0 warms up), then the two processes
+    refs = [one_process(cfg, lengths, GEN) for _ in range(a.rounds + 1)]
+    if any(r["tokens"] != refs[0]["tokens"] for r in refs):
         print("one process: two runs differ")
         return 1
+    ref = {"tokens": refs[0]["tokens"], "rounds": refs[1:]}
     if ":" not in a.prefill_host:
         a.prefill_host += f":{free_port()}"
     common = [sys.executable, os.path.abspath(__file__), "--transport", a.transport,
