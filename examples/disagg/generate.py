@@ -189,7 +189,7 @@ def decode_role(a, cfg, lengths, gen):
         while not any(m["cmd"] == "ready" for _, m in receive(dd, 60)):
             pass
         for rnd in range(a.rounds + 1):           # round 0 warms up: tokens checked, not timed
-            for mode in MODES:
+            for mode in (MODES if rnd % 2 == 0 else MODES[::-1]):   # alternate the order
                 for t in cache:                   # stale KV must not pass for a transfer
                     t.fill_(float("nan"))
                 free = list(range(nb))
@@ -244,6 +244,10 @@ def report(cfg, lengths, ref, results, transport):
         mean = statistics.median(1000 * statistics.mean(r["ttft"]) for r in rs)
         last = statistics.median(1000 * r["ttft"][-1] for r in rs)
         print(f"  {NAMES[key]:<36} {mean:8.1f} / {last:8.1f}   ({len(rs)} round(s))")
+    pairs = list(zip(rows[1][1], rows[2][1]))
+    if pairs:
+        lower = sum(statistics.mean(s["ttft"]) < statistics.mean(f["ttft"]) for f, s in pairs)
+        print(f"  layer-streamed below push-after-prefill in {lower} of {len(pairs)} rounds")
     print(f"tokens identical: {'yes' if ok else 'no'}")
     return 0 if ok else 1
 
