@@ -189,8 +189,10 @@ def decode_role(a, cfg, lengths, gen):
                     raise
                 time.sleep(0.2)
         send(dd, PREFILL_ID, cmd="hello", cfg=cfg, lengths=lengths, cache=kv.cache_id)
-        while not any(m["cmd"] == "ready" for _, m in receive(dd, 60)):
-            pass
+        deadline = time.monotonic() + 60          # the prefill builds the model first
+        while not any(m["cmd"] == "ready" for _, m in receive(dd, 1.0)):
+            if time.monotonic() > deadline:
+                raise SystemExit("decode: the prefill did not answer hello in 60 s")
         for rnd in range(a.rounds + 1):           # round 0 warms up: tokens checked, not timed
             for mode in (MODES if rnd % 2 == 0 else MODES[::-1]):   # alternate the order
                 for t in cache:                   # stale KV must not pass for a transfer
