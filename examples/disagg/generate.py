@@ -1,0 +1,340 @@
+#!/usr/bin/python3
+"""Disaggregated prefill/decode of a small transformer with llmdd (CPU, torch).
+
+    /usr/bin/python3 examples/disagg/generate.py            # both sides on this host
+    /usr/bin/python3 examples/disagg/generate.py --transport tcp
+    /usr/bin/python3 examples/disagg/generate.py --small    # the CI configuration
+
+Two hosts (or two network namespaces): start the prefill first, then the decoder,
+which links to the prefill's address and compares with its own one-process run:
+
+    generate.py --role prefill --prefill-host 10.0.0.1:26000 --transport tcp
+    generate.py --role decode  --prefill-host 10.0.0.1:26000 --decode-host 10.0.0.2 --transport tcp
+
+The decoder allocates each request's blocks from its own shuffled free list, asks
+the prefill (an llmdd notification) to prefill prompt i into those blocks; the
+prefill computes the KV cache and pushes it with push_blocks_async (after the
+prefill, or layer-streamed: layerwise=True and layer_ready(l) once layer l's
+K/V are written), with a notification the decoder waits for. Exit 1 unless
+the tokens are identical to the one-process run.
+"""
+import os
+import sys
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")      # one thread per process: 2 processes, 2 cores
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True          # nothing written into the source tree
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import select  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import llmdd  # noqa: E402
+from model import BLOCK, FULL, SMALL, Model, blocks_for, prompts  # noqa: E402
+
+torch.set_num_threads(1)
+
+LENGTHS = [17, 64, 129, 250, 383, 511, 777, 1000]
+SMALL_LENGTHS = [17, 18, 31, 33, 64, 100, 160, 257]
+GEN = 32
+PREFILL_ID, DECODE_ID = 1, 2
+MODES = ("after", "stream")
+NAMES = {"one": "one process", "after": "disaggregated, push after prefill",
+         "stream": "disaggregated, layer-streamed"}
+
+
+# ------------------------------------------------------------------ common
+
+def send(dd, cluster, **msg):
+    dd.send_notify(cluster, json.dumps(msg, separators=(",", ":")).encode())
+
+
+def receive(dd, timeout_s):
+    """Waits (on the notify fd) for notifications; [(cluster, dict)]."""
+    got = dd.get_notifies()
+    if not got:
+        select.select([dd.notify_fd()], [], [], timeout_s)
+        got = dd.get_notifies()
+    return [(c, json.loads(m)) for c, m in got]
+
+
+def decode_rest(model, cache, ps, tables, first, gen):
+    """Steps 2..gen, the whole batch at once, in prompt order."""
+    out = [[first[i]] for i in range(len(ps))]
+    for s in range(1, gen):
+        cur = [o[-1] for o in out]
+        pos = [len(p) - 1 + s for p in ps]
+        for o, t in zip(out, model.decode_step(cur, pos, tables, cache)):
+            o.append(t)
+    return out
+
+
+def one_process(cfg, lengths, gen):
+    """Prefill and decode in this process; TTFT of request i = its first
+    token's time after the batch arrived (requests prefilled in order)."""
+    model = Model(cfg)
+    ps = prompts(cfg, lengths)
+    tables, nb = [], 0
+    for p in ps:
+        tables.append(list(range(nb, nb + blocks_for(len(p) + gen))))
+        nb += len(tables[-1])
+    cache = model.new_cache(nb)
+    first, ttft = {}, {}
+    t0 = time.perf_counter()
+    for i, p in enumerate(ps):
+        model.prefill(p[:-1], tables[i], cache)
+        first[i] = model.decode_step([p[-1]], [len(p) - 1], [tables[i]], cache)[0]
+        ttft[i] = time.perf_counter() - t0
+    return {"tokens": decode_rest(model, cache, ps, tables, first, gen),
+            "ttft": [ttft[i] for i in range(len(ps))]}
+
+
+# ------------------------------------------------------------------ prefill
+
+def prefill_role(a):
+    opts = {"llm.ListenIpInfo": a.prefill_host, "llm.Transport": a.transport,
+            "llm.SyncKvCacheWaitTime": "10000"}
+    with llmdd.Instance(PREFILL_ID, llmdd.Role.PROMPT, options=opts) as dd:
+        if not a.json:
+            print(f"prefill: listening on {a.prefill_host} ({a.transport})", flush=True)
+        model = cache = cache_t = ps = None
+        free, inflight, dec, done = [], [], None, False
+        while not done or inflight:
+            for c, m in receive(dd, 0.005 if inflight else 1.0):
+                if m["cmd"] == "hello":          # the decoder's configuration
+                    dec = (c, m["cache"], 0)
+                    model = Model(m["cfg"])
+                    ps = prompts(m["cfg"], m["lengths"])
+                    nb = sum(blocks_for(len(p)) for p in ps) + 8
+                    if cache is not None:
+                        cache.close()
+                    cache_t = model.new_cache(nb)
+                    cache = dd.register_cache(cache_t)
+                    free = list(range(nb))       # in order: a request's blocks are contiguous
+                    send(dd, c, cmd="ready")
+                elif m["cmd"] == "prefill":
+                    p = ps[m["rid"]][:-1]        # the decoder recomputes the last token
+                    src = free[:blocks_for(len(p))]
+                    del free[:len(src)]
+                    assert len(src) == len(m["blocks"])
+                    note = json.dumps({"cmd": "kv", "rid": m["rid"]}).encode()
+                    dst, nl = m["blocks"], model.L
+                    if m.get("brk") == "blocks":     # --break blocks: one block off
+                        dst = dst[1:] + dst[:1]
+                    elif m.get("brk") == "layer":    # --break layer: the last layer stays
+                        nl -= 1
+                    kw = dict(notify=note, src_layers=range(nl), dst_layers=range(nl))
+                    if m["mode"] == "stream":
+                        req = dd.push_blocks_async(cache, dec, src, dst, layerwise=True, **kw)
+                        model.prefill(p, src, cache_t,
+                                      on_layer=lambda l: l < nl and req.layer_ready(l))
+                        tc = time.monotonic()
+                    else:
+                        model.prefill(p, src, cache_t)
+                        tc = time.monotonic()
+                        req = dd.push_blocks_async(cache, dec, src, dst, **kw)
+                    inflight.append((m["rid"], req, src))
+                    send(dd, c, cmd="computed", rid=m["rid"], t=tc)   # when compute ended
+                elif m["cmd"] == "quit":
+                    done = True
+            for item in list(inflight):
+                rid, req, src = item
+                if not req.done():
+                    continue
+                inflight.remove(item)
+                try:
+                    req.wait(0)
+                except llmdd.LlmddError as e:
+                    print(f"prefill: push of request {rid} failed: {e}", file=sys.stderr)
+                    send(dd, dec[0], cmd="error", rid=rid, msg=str(e))
+                req.close()
+                free = sorted(free + src)
+        if cache is not None:
+            cache.close()
+    return 0
+
+
+# ------------------------------------------------------------------ decode
+
+def decode_role(a, cfg, lengths, gen):
+    model = Model(cfg)
+    ps = prompts(cfg, lengths)
+    nb = sum(blocks_for(len(p) + gen) for p in ps) * 2
+    cache = model.new_cache(nb, fill=float("nan"))
+    opts = {"llm.Transport": a.transport, "llm.SyncKvCacheWaitTime": "10000"}
+    if a.decode_host:
+        opts["llm.ListenIpInfo"] = a.decode_host if ":" in a.decode_host else a.decode_host + ":0"
+    results = {m: [] for m in MODES}
+    rng = random.Random(cfg["seed"])
+    with llmdd.Instance(DECODE_ID, llmdd.Role.DECODER, options=opts) as dd:
+        kv = dd.register_cache(cache)
+        deadline = time.monotonic() + 60
+        while True:                               # the prefill may still be starting
+            try:
+                dd.link(PREFILL_ID, a.prefill_host, timeout_ms=3000)
+                break
+            except llmdd.LlmddError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        send(dd, PREFILL_ID, cmd="hello", cfg=cfg, lengths=lengths, cache=kv.cache_id)
+        deadline = time.monotonic() + 60          # the prefill builds the model first
+        while not any(m["cmd"] == "ready" for _, m in receive(dd, 1.0)):
+            if time.monotonic() > deadline:
+                raise SystemExit("decode: the prefill did not answer hello in 60 s")
+        for rnd in range(a.rounds + 1):           # round 0 warms up: tokens checked, not timed
+            for mode in (MODES if rnd % 2 == 0 else MODES[::-1]):   # alternate the order
+                for t in cache:                   # stale KV must not pass for a transfer
+                    t.fill_(float("nan"))
+                free = list(range(nb))
+                rng.shuffle(free)                 # scattered, unlike the prefill's blocks
+                tables = [[free.pop() for _ in range(blocks_for(len(p) + gen))] for p in ps]
+                first, ttft, landed, computed = {}, {}, {}, {}
+                t0 = time.perf_counter()
+                for i, p in enumerate(ps):
+                    send(dd, PREFILL_ID, cmd="prefill", rid=i, mode=mode, brk=a.brk,
+                         blocks=tables[i][:blocks_for(len(p) - 1)])
+                while len(first) < len(ps) or len(computed) < len(ps):
+                    got = receive(dd, 1.0)
+                    now = time.monotonic()
+                    if not got and time.perf_counter() - t0 > 30:
+                        raise SystemExit(f"decode: no KV for requests "
+                                         f"{sorted(set(range(len(ps))) - set(first))} in 30 s")
+                    for _, m in got:
+                        if m["cmd"] == "error":
+                            raise SystemExit(f"decode: prefill reports {m}")
+                        i = m["rid"]
+                        if m["cmd"] == "computed":    # the prefill's clock: same host only
+                            computed[i] = m["t"]
+                            continue
+                        landed[i] = now               # m["cmd"] == "kv": request i's KV landed
+                        first[i] = model.decode_step([ps[i][-1]], [len(ps[i]) - 1],
+                                                     [tables[i]], cache)[0]
+                        ttft[i] = time.perf_counter() - t0
+                results[mode].append({
+                    "tokens": decode_rest(model, cache, ps, tables, first, gen),
+                    "ttft": [ttft[i] for i in range(len(ps))], "warmup": rnd == 0,
+                    "tail": [landed[i] - computed[i] for i in range(len(ps))]})
+        send(dd, PREFILL_ID, cmd="quit")
+        kv.close()
+    return results
+
+
+# ------------------------------------------------------------------ report
+
+def report(cfg, lengths, ref, results, transport, same_clock=False):
+    ok = True
+    print(f"model: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} query heads, "
+          f"{cfg['kv_heads']} KV heads, head dim {cfg['head_dim']}, vocab {cfg['vocab']}, "
+          f"float32, KV blocks of {BLOCK} tokens; transport {transport}")
+    for i, n in enumerate(lengths):
+        print(f"prompt {i} ({n} tokens)")
+        print(f"  one process:    {ref['tokens'][i]}")
+        for mode in MODES:
+            for r, res in enumerate(results[mode]):
+                same = res["tokens"][i] == ref["tokens"][i]
+                ok &= same
+                if r == 0 or not same:
+                    print(f"  {mode + ' #' + str(r):<15} {res['tokens'][i]}"
+                          f"{'' if same else '   <-- DIFFERS'}")
+    print("time to first token (ms), mean over the batch / the last request; median over rounds:")
+    rows = [("one", ref.get("rounds", [ref]))]
+    rows += [(m, [r for r in results[m] if not r.get("warmup")]) for m in MODES]
+    for key, rs in rows:
+        mean = statistics.median(1000 * statistics.mean(r["ttft"]) for r in rs)
+        last = statistics.median(1000 * r["ttft"][-1] for r in rs)
+        print(f"  {NAMES[key]:<36} {mean:8.1f} / {last:8.1f}   ({len(rs)} round(s))")
+    if same_clock:
+        print("KV landed in the decoder after the prefill's compute ended (ms), median over "
+              "requests and rounds:")
+        for key, rs in rows[1:]:
+            tail = statistics.median(1000 * t for r in rs for t in r["tail"])
+            print(f"  {NAMES[key]:<36} {tail:8.2f}")
+    pairs = list(zip(rows[1][1], rows[2][1]))
+    if pairs:
+        lower = sum(statistics.mean(s["ttft"]) < statistics.mean(f["ttft"]) for f, s in pairs)
+        print(f"  layer-streamed below push-after-prefill in {lower} of {len(pairs)} rounds")
+    print(f"tokens identical: {'yes' if ok else 'no'}")
+    return 0 if ok else 1
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--role", choices=("both", "prefill", "decode"), default="both")
+    ap.add_argument("--transport", default="auto", help="auto, shm, tcp, ucx, ...")
+    ap.add_argument("--prefill-host", default="127.0.0.1",
+                    help="where the prefill listens, host[:port] (the decoder links to it)")
+    ap.add_argument("--decode-host", default=None,
+                    help="the decoder's own address (it listens there); optional")
+    ap.add_argument("--small", action="store_true", help="the small CI configuration")
+    ap.add_argument("--rounds", type=int, default=3, help="batches per mode (default 3)")
+    ap.add_argument("--break", dest="brk", choices=("layer", "blocks"), default=None,
+                    help="test the test: the prefill leaves out the last layer, or pushes "
+                         "every block one block off (the tokens must differ)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    cfg, lengths = (SMALL, SMALL_LENGTHS) if a.small else (FULL, LENGTHS)
+    cfg = dict(cfg)
+    if a.role == "prefill":
+        if ":" not in a.prefill_host:
+            a.prefill_host += ":26000"
+        return prefill_role(a)
+    if a.role == "decode":
+        if ":" not in a.prefill_host:
+            a.prefill_host += ":26000"
+        results = decode_role(a, cfg, lengths, GEN)
+        if a.json:
+            print(json.dumps(results))
+            return 0
+        one_process(cfg, lengths, GEN)
+        return report(cfg, lengths, one_process(cfg, lengths, GEN), results, a.transport)
+    # both: one process first (alone on the CPUs; round 0 warms up), then the two processes
+    refs = [one_process(cfg, lengths, GEN) for _ in range(a.rounds + 1)]
+    if any(r["tokens"] != refs[0]["tokens"] for r in refs):
+        print("one process: two runs differ")
+        return 1
+    ref = {"tokens": refs[0]["tokens"], "rounds": refs[1:]}
+    if ":" not in a.prefill_host:
+        a.prefill_host += f":{free_port()}"
+    common = [sys.executable, os.path.abspath(__file__), "--transport", a.transport,
+              "--prefill-host", a.prefill_host, "--rounds", str(a.rounds)]
+    common += ["--break", a.brk] if a.brk else []
+    pre = subprocess.Popen(common + ["--role", "prefill", "--json"])
+    try:
+        cmd = common + ["--role", "decode", "--json"]
+        cmd += ["--small"] if a.small else []
+        cmd += ["--decode-host", a.decode_host] if a.decode_host else []
+        dec = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300)
+        if dec.returncode != 0:
+            print(f"decoder failed (exit {dec.returncode})")
+            print("tokens identical: no")
+            return 1
+        results = json.loads(dec.stdout.strip().splitlines()[-1])
+        if pre.wait(timeout=30) != 0:
+            print(f"prefill failed (exit {pre.returncode})")
+            return 1
+    finally:
+        if pre.poll() is None:
+            pre.kill()
+    return report(cfg, lengths, ref, results, a.transport, same_clock=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
