@@ -945,6 +945,15 @@ class Instance:
                                           ctypes.byref(out)), "lookup_remote_key")
         return CacheIndex(int(out.cluster_id), int(out.cache_id), int(out.batch_index))
 
+    def listen_address(self):
+        """Where this instance listens, as "ip:port" ("[ip]:port" for IPv6);
+        the port the kernel chose when llm.ListenIpInfo gave port 0."""
+        out = _ffi.IpInfoC()
+        check(lib.llmdd_listen_address(self._h(), ctypes.byref(out)),
+              "listen_address")
+        ip = out.ip.decode()
+        return f"[{ip}]:{out.port}" if ":" in ip else f"{ip}:{out.port}"
+
     # -- metrics
     def metrics_text(self):
         """The Prometheus text exposition of this instance's metrics."""

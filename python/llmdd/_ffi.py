@@ -198,3 +198,4 @@ _proto("llmdd_remove_cache_key", status_t, _vp, ctypes.c_char_p, ctypes.c_size_t
 _proto("llmdd_lookup_remote_key", status_t, _vp, ctypes.c_uint64, ctypes.c_char_p,
        ctypes.c_size_t, _P(CacheIndexC))
 _proto("llmdd_metrics_text", ctypes.c_size_t, _vp, ctypes.c_char_p, ctypes.c_size_t)
+_proto("llmdd_listen_address", status_t, _vp, _P(IpInfoC))

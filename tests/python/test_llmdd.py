@@ -269,3 +269,17 @@ def test_bad_arguments(dd, peer):
     a = array.array("b", bytes(8))
     with dd.register_cache(a, llmdd.CacheDesc(1, (8,))):
         pass
+
+
+def test_listen_address_port_zero():
+    with llmdd.Instance(7, llmdd.Role.PROMPT,
+                        options={"llm.ListenIpInfo": "127.0.0.1:0"}) as p:
+        addr = p.listen_address()
+        ip, port = addr.rsplit(":", 1)
+        assert ip == "127.0.0.1" and 0 < int(port) < 65536
+        with llmdd.Instance(8, llmdd.Role.DECODER) as d:
+            d.link(7, addr)
+    with llmdd.Instance(9, llmdd.Role.DECODER) as d:
+        with pytest.raises(llmdd.LlmddError) as e:
+            d.listen_address()
+        assert e.value.status == llmdd.Status.LLM_FAILED
