@@ -162,6 +162,18 @@ gen_wire_and_stream(void)
     wire("read_reply", 8, p, n);
     n = llmdd__wire_rw_encode(&rw, p, sizeof(p));
     wire("rw", 9, p, n);
+    llmdd__key_query kq = {.seq = 3, .key_len = 9};
+    memcpy(kq.key, "req-42/kv", 9);
+    n = llmdd__wire_key_query_encode(&kq, p, sizeof(p));
+    wire("key_query", 10, p, n);
+    kq.key_len = LLMDD_WIRE_KEY_MAX;
+    memset(kq.key, 'k', LLMDD_WIRE_KEY_MAX);
+    n = llmdd__wire_key_query_encode(&kq, p, sizeof(p));
+    wire("key_query_max", 10, p, n);
+    llmdd__key_reply kr = {.seq = 3, .status = LLM_SUCCESS, .cache_id = 7,
+                           .batch_index = 2};
+    n = llmdd__wire_key_reply_encode(&kr, p, sizeof(p));
+    wire("key_reply", 11, p, n);
 
     /* Server side of a control handshake, then an unlink. */
     s->len = 0;
