@@ -301,18 +301,55 @@ remote_xfer(llmdd *dd, const xfer_args *a)
     return st;
 }
 
+/* A slot transfer (pull or push _kv_cache), posted when req_out matters. */
+static llmdd_status
+xfer_cache(llmdd *dd, bool write, const llmdd_cache_index *remote,
+           const llmdd_cache *local, uint32_t local_batch, int64_t size,
+           const llmdd_kv_ext_param *ext, bool post,
+           const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_CACHE,
+                   .write = write,
+                   .post = post,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = remote,
+                   .local_cache = local,
+                   .ext = ext,
+                   .local_batch = local_batch,
+                   .size = size};
+    return remote_xfer(dd, &a);
+}
+
+/* A block transfer (pull or push _kv_blocks). */
+static llmdd_status
+xfer_blocks(llmdd *dd, bool write, const llmdd_cache_index *remote,
+            const llmdd_cache *local, const uint64_t *remote_blocks,
+            const uint64_t *local_blocks, size_t n,
+            const llmdd_kv_ext_param *ext, bool post,
+            const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_BLOCKS,
+                   .write = write,
+                   .post = post,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = remote,
+                   .local_cache = local,
+                   .ext = ext,
+                   .local_blocks = local_blocks,
+                   .remote_blocks = remote_blocks,
+                   .nblocks = n};
+    return remote_xfer(dd, &a);
+}
+
 llmdd_status
 llmdd_pull_kv_cache(llmdd *dd, const llmdd_cache_index *src_cache_index,
                     const llmdd_cache *dst_cache, uint32_t batch_index,
                     int64_t size, const llmdd_kv_ext_param *ext)
 {
-    xfer_args a = {.kind = KIND_CACHE,
-                   .remote_index = src_cache_index,
-                   .local_cache = dst_cache,
-                   .ext = ext,
-                   .local_batch = batch_index,
-                   .size = size};
-    return remote_xfer(dd, &a);
+    return xfer_cache(dd, false, src_cache_index, dst_cache, batch_index, size,
+                      ext, false, NULL, NULL);
 }
 
 llmdd_status
@@ -321,14 +358,8 @@ llmdd_pull_kv_blocks(llmdd *dd, const llmdd_cache_index *src_cache_index,
                      const uint64_t *dst_blocks, size_t num_blocks,
                      const llmdd_kv_ext_param *ext)
 {
-    xfer_args a = {.kind = KIND_BLOCKS,
-                   .remote_index = src_cache_index,
-                   .local_cache = dst_cache,
-                   .ext = ext,
-                   .local_blocks = dst_blocks,
-                   .remote_blocks = src_blocks,
-                   .nblocks = num_blocks};
-    return remote_xfer(dd, &a);
+    return xfer_blocks(dd, false, src_cache_index, dst_cache, src_blocks,
+                       dst_blocks, num_blocks, ext, false, NULL, NULL);
 }
 
 llmdd_status
@@ -337,14 +368,8 @@ llmdd_push_kv_cache(llmdd *dd, const llmdd_cache *src_cache,
                     uint32_t src_batch_index, int64_t size,
                     const llmdd_kv_ext_param *ext)
 {
-    xfer_args a = {.kind = KIND_CACHE,
-                   .write = true,
-                   .remote_index = dst_cache_index,
-                   .local_cache = src_cache,
-                   .ext = ext,
-                   .local_batch = src_batch_index,
-                   .size = size};
-    return remote_xfer(dd, &a);
+    return xfer_cache(dd, true, dst_cache_index, src_cache, src_batch_index,
+                      size, ext, false, NULL, NULL);
 }
 
 llmdd_status
@@ -353,15 +378,8 @@ llmdd_push_kv_blocks(llmdd *dd, const llmdd_cache *src_cache,
                      const uint64_t *src_blocks, const uint64_t *dst_blocks,
                      size_t num_blocks, const llmdd_kv_ext_param *ext)
 {
-    xfer_args a = {.kind = KIND_BLOCKS,
-                   .write = true,
-                   .remote_index = dst_cache_index,
-                   .local_cache = src_cache,
-                   .ext = ext,
-                   .local_blocks = src_blocks,
-                   .remote_blocks = dst_blocks,
-                   .nblocks = num_blocks};
-    return remote_xfer(dd, &a);
+    return xfer_blocks(dd, true, dst_cache_index, src_cache, dst_blocks,
+                       src_blocks, num_blocks, ext, false, NULL, NULL);
 }
 
 llmdd_status
@@ -370,16 +388,8 @@ llmdd_pull_kv_cache_async(llmdd *dd, const llmdd_cache_index *src_cache_index,
                           int64_t size, const llmdd_kv_ext_param *ext,
                           const llmdd_xfer_opts *opts, llmdd_request **req_out)
 {
-    xfer_args a = {.kind = KIND_CACHE,
-                   .post = true,
-                   .opts = opts,
-                   .req_out = req_out,
-                   .remote_index = src_cache_index,
-                   .local_cache = dst_cache,
-                   .ext = ext,
-                   .local_batch = batch_index,
-                   .size = size};
-    return remote_xfer(dd, &a);
+    return xfer_cache(dd, false, src_cache_index, dst_cache, batch_index, size,
+                      ext, true, opts, req_out);
 }
 
 llmdd_status
@@ -390,17 +400,8 @@ llmdd_pull_kv_blocks_async(llmdd *dd, const llmdd_cache_index *src_cache_index,
                            const llmdd_kv_ext_param *ext,
                            const llmdd_xfer_opts *opts, llmdd_request **req_out)
 {
-    xfer_args a = {.kind = KIND_BLOCKS,
-                   .post = true,
-                   .opts = opts,
-                   .req_out = req_out,
-                   .remote_index = src_cache_index,
-                   .local_cache = dst_cache,
-                   .ext = ext,
-                   .local_blocks = dst_blocks,
-                   .remote_blocks = src_blocks,
-                   .nblocks = num_blocks};
-    return remote_xfer(dd, &a);
+    return xfer_blocks(dd, false, src_cache_index, dst_cache, src_blocks,
+                       dst_blocks, num_blocks, ext, true, opts, req_out);
 }
 
 llmdd_status
@@ -410,17 +411,8 @@ llmdd_push_kv_cache_async(llmdd *dd, const llmdd_cache *src_cache,
                           const llmdd_kv_ext_param *ext,
                           const llmdd_xfer_opts *opts, llmdd_request **req_out)
 {
-    xfer_args a = {.kind = KIND_CACHE,
-                   .write = true,
-                   .post = true,
-                   .opts = opts,
-                   .req_out = req_out,
-                   .remote_index = dst_cache_index,
-                   .local_cache = src_cache,
-                   .ext = ext,
-                   .local_batch = src_batch_index,
-                   .size = size};
-    return remote_xfer(dd, &a);
+    return xfer_cache(dd, true, dst_cache_index, src_cache, src_batch_index,
+                      size, ext, true, opts, req_out);
 }
 
 llmdd_status
@@ -431,18 +423,8 @@ llmdd_push_kv_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
                            const llmdd_kv_ext_param *ext,
                            const llmdd_xfer_opts *opts, llmdd_request **req_out)
 {
-    xfer_args a = {.kind = KIND_BLOCKS,
-                   .write = true,
-                   .post = true,
-                   .opts = opts,
-                   .req_out = req_out,
-                   .remote_index = dst_cache_index,
-                   .local_cache = src_cache,
-                   .ext = ext,
-                   .local_blocks = src_blocks,
-                   .remote_blocks = dst_blocks,
-                   .nblocks = num_blocks};
-    return remote_xfer(dd, &a);
+    return xfer_blocks(dd, true, dst_cache_index, src_cache, dst_blocks,
+                       src_blocks, num_blocks, ext, true, opts, req_out);
 }
 
 /* Local copies: both caches looked up, referenced for the copy. */
