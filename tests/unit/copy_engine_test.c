@@ -29,12 +29,20 @@ fill(uint8_t *p, size_t n, uint32_t seed)
     }
 }
 
+/* Line-aligned memory; C11 wants the size a multiple of the alignment. */
+static uint8_t *
+alloc64(size_t n)
+{
+    uint8_t *p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+    assert_non_null(p);
+    return p;
+}
+
 /* A buffer of GUARD + cap + GUARD bytes, all guard bytes. */
 static uint8_t *
 guarded(size_t cap)
 {
-    uint8_t *p = aligned_alloc(64, GUARD + cap + GUARD + 64);
-    assert_non_null(p);
+    uint8_t *p = alloc64(GUARD + cap + GUARD + 64);
     memset(p, GUARD_BYTE, GUARD + cap + GUARD + 64);
     return p;
 }
@@ -70,7 +78,7 @@ test_stream_alignments(void **state)
 {
     (void)state;
     const size_t cap = 4097 + 64;
-    uint8_t *src = aligned_alloc(64, cap + 64);
+    uint8_t *src = alloc64(cap + 64);
     uint8_t *dst = guarded(cap);
 
     assert_non_null(src);
@@ -112,7 +120,7 @@ test_batch_thresholds(void **state)
     const uint64_t totals[] = {t - 1, t, t + 1};
     const size_t aligns[] = {0, 1, 17, 32, 63};
     const size_t cap = t + 64 + 1;
-    uint8_t *src = aligned_alloc(64, cap + 64);
+    uint8_t *src = alloc64(cap + 64);
     uint8_t *dst = guarded(cap);
 
     assert_non_null(src);
