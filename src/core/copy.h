@@ -47,14 +47,21 @@ enum {
 
 typedef struct {
     bool stream;   /* this batch streams its long runs */
-    bool streamed; /* some non-temporal store was issued: fence at the end */
+    bool streamed; /* non-temporal stores were issued: fence at the end */
+    /* A streamed run waits here until the next one is known, so that the
+     * next run's source is prefetched while this one copies. */
+    void *dst;
+    const void *src;
+    size_t len;
 } llmdd__copy_batch;
 
 /* Starts a batch of `total` bytes in all. */
 void llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total);
 /*
  * Copies len bytes. The ranges may overlap (memmove semantics); overlapping
- * runs are always copied with memmove.
+ * runs are always copied with memmove. Runs apply in order, but a run may
+ * land only at the next call or at llmdd__copy_end: callers read nothing a
+ * batch writes before its end.
  */
 void llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len);
 /* Ends the batch: its bytes are visible everywhere once this returns. */
