@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/copy.h"
 #include "core/internal.h"
 
 enum xfer_kind { KIND_CACHE, KIND_BLOCKS };
@@ -447,16 +448,25 @@ copy_get(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
     return LLM_SUCCESS;
 }
 
+/* Every run of every tensor is one batch of the copy engine (copy.h). */
 static void
 copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
           size_t nruns)
 {
+    llmdd__copy_batch b;
+    uint64_t total = 0;
+
+    for (size_t i = 0; i < nruns; i++)
+        total += runs[i].len;
+    llmdd__copy_begin(&b, total * s->desc.num_tensors);
     for (uint32_t t = 0; t < s->desc.num_tensors; t++) {
         uint8_t *sb = (uint8_t *)(uintptr_t)s->addrs[t];
         uint8_t *db = (uint8_t *)(uintptr_t)d->addrs[t];
         for (size_t i = 0; i < nruns; i++)
-            memmove(db + runs[i].dst_off, sb + runs[i].src_off, runs[i].len);
+            llmdd__copy(&b, db + runs[i].dst_off, sb + runs[i].src_off,
+                        runs[i].len);
     }
+    llmdd__copy_end(&b);
 }
 
 static llmdd_status

@@ -77,3 +77,13 @@ llmdd_transport_list(void)
                                ",tcp";
     return list;
 }
+
+uint64_t
+llmdd__xfer_bytes(const llmdd__xfer *x)
+{
+    uint64_t sum = 0;
+
+    for (size_t i = 0; i < x->nruns; i++)
+        sum += x->runs[i].len;
+    return sum * x->count;
+}

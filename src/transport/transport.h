@@ -54,6 +54,9 @@ typedef struct {
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
 } llmdd__xfer;
 
+/* The bytes a planned transfer moves: count times the sum of its runs. */
+uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);
+
 typedef struct llmdd_transport_ops {
     const char *name;
 

@@ -87,6 +87,20 @@ check_row(const cJSON *row, double block, double blocks, double calls,
     assert_true(num(b, "p50_us") > 0);
     double ratio = num(row, "ratio");
     assert_true(fabs(ratio - gbps / num(b, "gbps")) <= 1e-6 * ratio + 1e-9);
+    /* Next to memcpy, the best copy: the faster of it and a streamed copy. */
+    const cJSON *best = cJSON_GetObjectItemCaseSensitive(row, "best_copy");
+    if (strcmp(base, "memcpy") != 0) {
+        assert_null(best);
+        return;
+    }
+    assert_non_null(best);
+    const char *kind = str(best, "kind");
+    assert_true(strcmp(kind, "memcpy") == 0 || strcmp(kind, "streamed") == 0);
+    double bg = num(best, "gbps");
+    assert_true(strcmp(kind, "memcpy") == 0 ? bg == num(b, "gbps")
+                                            : bg > num(b, "gbps"));
+    double rb = num(row, "ratio_best");
+    assert_true(fabs(rb - gbps / bg) <= 1e-6 * rb + 1e-9);
 }
 
 static void

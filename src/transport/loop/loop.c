@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/copy.h"
 #include "core/internal.h"
 
 /*
@@ -109,18 +110,23 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
             return LLM_PARAM_INVALID;
         }
     }
+    /* One batch; the engine keeps memmove for runs that overlap (both
+     * instances may map the same memory). */
+    llmdd__copy_batch b;
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = (uint8_t *)(uintptr_t)c->addrs[x->remote_first + t];
         for (size_t i = 0; i < x->nruns; i++) {
             const llmdd__xrun *r = &x->runs[i];
             if (x->write)
-                memmove(rbase + r->remote_off, x->local[t] + r->local_off,
-                        r->len);
+                llmdd__copy(&b, rbase + r->remote_off,
+                            x->local[t] + r->local_off, r->len);
             else
-                memmove(x->local[t] + r->local_off, rbase + r->remote_off,
-                        r->len);
+                llmdd__copy(&b, x->local[t] + r->local_off,
+                            rbase + r->remote_off, r->len);
         }
     }
+    llmdd__copy_end(&b);
     llmdd__cache_put(peer, c);
     return LLM_SUCCESS;
 }

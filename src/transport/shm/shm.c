@@ -81,6 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/copy.h"
 #include "core/internal.h"
 #include "ctrl/net.h"
 #include "ctrl/wire.h"
@@ -1054,20 +1055,28 @@ shm_owner_left(shm_link *sl)
            (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+/* One batch of the copy engine; it has fenced its stores once this returns,
+ * before the transfer is reported or a notification follows. */
 static void
 shm_copy(const shm_entry *e, const llmdd__xfer *x)
 {
+    llmdd__copy_batch b;
+
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
         uint8_t *lbase = x->local[t];
         for (size_t i = 0; i < x->nruns; i++) {
             const llmdd__xrun *r = &x->runs[i];
             if (x->write)
-                memcpy(rbase + r->remote_off, lbase + r->local_off, r->len);
+                llmdd__copy(&b, rbase + r->remote_off, lbase + r->local_off,
+                            r->len);
             else
-                memcpy(lbase + r->local_off, rbase + r->remote_off, r->len);
+                llmdd__copy(&b, lbase + r->local_off, rbase + r->remote_off,
+                            r->len);
         }
     }
+    llmdd__copy_end(&b);
 }
 
 /*

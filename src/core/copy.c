@@ -1,0 +1,206 @@
+/*
+ * The copy engine (copy.h). The streamed copies write the unaligned head of
+ * the destination with memcpy, then whole 64-byte lines with aligned
+ * non-temporal stores from unaligned loads, then the tail with memcpy: a
+ * non-temporal store must be aligned, and full lines let the write-combining
+ * buffers go out as one transaction each.
+ *
+ * The AVX2 copy is compiled with a target attribute and chosen at run time,
+ * so the library builds without -mavx2 and runs on any x86-64 (SSE2 is part
+ * of the architecture). Other CPUs use memcpy for everything.
+ */
+#include "core/copy.h"
+
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#include <immintrin.h>
+#endif
+
+#define COPY_LINE 64u
+
+#if defined(__x86_64__)
+static void
+copy_stream_sse2(uint8_t *d, const uint8_t *s, size_t n)
+{
+    for (; n >= 2 * COPY_LINE; n -= 2 * COPY_LINE) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        __m128i f = _mm_loadu_si128((const __m128i *)(s + 64));
+        __m128i g = _mm_loadu_si128((const __m128i *)(s + 80));
+        __m128i h = _mm_loadu_si128((const __m128i *)(s + 96));
+        __m128i i = _mm_loadu_si128((const __m128i *)(s + 112));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+        _mm_stream_si128((__m128i *)(d + 64), f);
+        _mm_stream_si128((__m128i *)(d + 80), g);
+        _mm_stream_si128((__m128i *)(d + 96), h);
+        _mm_stream_si128((__m128i *)(d + 112), i);
+        s += 2 * COPY_LINE;
+        d += 2 * COPY_LINE;
+    }
+    if (n >= COPY_LINE) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+}
+
+__attribute__((target("avx2"))) static void
+copy_stream_avx2(uint8_t *d, const uint8_t *s, size_t n)
+{
+    for (; n >= 2 * COPY_LINE; n -= 2 * COPY_LINE) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+        _mm256_stream_si256((__m256i *)(d + 64), c);
+        _mm256_stream_si256((__m256i *)(d + 96), e);
+        s += 2 * COPY_LINE;
+        d += 2 * COPY_LINE;
+    }
+    if (n >= COPY_LINE) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+    }
+    /* No vzeroupper needed by hand: the compiler adds it on the way out of
+     * a function that used the upper halves. */
+}
+#endif
+
+int
+llmdd__copy_isa(void)
+{
+#if defined(__x86_64__)
+    static int isa = -1; /* racing first callers store the same value */
+    int v = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx2") ? LLMDD__COPY_AVX2
+                                           : LLMDD__COPY_SSE2;
+        __atomic_store_n(&isa, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return LLMDD__COPY_PORTABLE;
+#endif
+}
+
+void
+llmdd__copy_stream(void *dst, const void *src, size_t len, int isa)
+{
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+
+    if (isa == LLMDD__COPY_PORTABLE || len < COPY_LINE) {
+        memcpy(d, s, len);
+        return;
+    }
+    size_t head =
+        (COPY_LINE - ((uintptr_t)d & (COPY_LINE - 1))) & (COPY_LINE - 1);
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    len -= head;
+    size_t body = len & ~(size_t)(COPY_LINE - 1);
+#if defined(__x86_64__)
+    if (isa == LLMDD__COPY_AVX2)
+        copy_stream_avx2(d, s, body);
+    else
+        copy_stream_sse2(d, s, body);
+#else
+    memcpy(d, s, body);
+#endif
+    memcpy(d + body, s + body, len - body);
+}
+
+/*
+ * The hardware prefetchers stop at page boundaries, and scattered runs (a
+ * gather of 16 KiB blocks) start cold on every page: touching one line of
+ * each of the first pages of the next run while this one copies measured
+ * 1.2x on such a gather (BENCHMARKS.md, "Copy engine"). A long run needs it
+ * only for its start.
+ */
+#define COPY_PREFETCH_PAGES 16u
+#define COPY_PAGE 4096u
+
+static void
+copy_prefetch(const void *src, size_t len)
+{
+    const uint8_t *s = src;
+    size_t n = len < COPY_PREFETCH_PAGES * COPY_PAGE
+                   ? len
+                   : COPY_PREFETCH_PAGES * COPY_PAGE;
+
+    for (size_t off = 0; off < n; off += COPY_PAGE)
+        __builtin_prefetch(s + off);
+}
+
+static void
+copy_flush(llmdd__copy_batch *b)
+{
+    if (b->len > 0) {
+        llmdd__copy_stream(b->dst, b->src, b->len, llmdd__copy_isa());
+        b->streamed = true;
+        b->len = 0;
+    }
+}
+
+void
+llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total)
+{
+    b->stream = total >= LLMDD__COPY_NT_BATCH &&
+                llmdd__copy_isa() != LLMDD__COPY_PORTABLE;
+    b->streamed = false;
+    b->len = 0;
+}
+
+void
+llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+
+    /* Copies within one cache may overlap: only memmove is right then. The
+     * pending run goes first, since runs apply in order. */
+    if (d < s + len && s < d + len) {
+        copy_flush(b);
+        memmove(dst, src, len);
+        return;
+    }
+    if (!b->stream || len < LLMDD__COPY_NT_MIN_RUN) {
+        copy_flush(b);
+        memcpy(dst, src, len);
+        return;
+    }
+    copy_prefetch(src, len);
+    copy_flush(b);
+    b->dst = dst;
+    b->src = src;
+    b->len = len;
+}
+
+void
+llmdd__copy_end(llmdd__copy_batch *b)
+{
+    copy_flush(b);
+#if defined(__x86_64__)
+    /* Non-temporal stores are weakly ordered: without the fence a flag or
+     * message written after the copy could be seen before its bytes. */
+    if (b->streamed)
+        _mm_sfence();
+#endif
+}
