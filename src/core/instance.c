@@ -206,6 +206,7 @@ llmdd_destroy(llmdd *dd)
     if (dd == NULL)
         return;
     llmdd_finalize(dd);
+    llmdd__requests_free(dd);
     llmdd__options_fini(&dd->opts);
     pthread_cond_destroy(&dd->cond);
     pthread_mutex_destroy(&dd->lock);
@@ -267,6 +268,7 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     dd->next_instance = instances;
     instances = dd;
     pthread_mutex_unlock(&instances_lock);
+    llmdd__requests_restart(dd);
     pthread_mutex_lock(&dd->lock);
     dd->initialized = true;
     pthread_mutex_unlock(&dd->lock);

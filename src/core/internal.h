@@ -234,8 +234,12 @@ void llmdd__requests_link_down(llmdd *dd, const llmdd__link *link);
 /* Posted requests on a cache being removed end with LLM_KV_CACHE_NOT_EXIST;
  * no lock of dd held. */
 void llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache);
-/* Finalize: ends every request, stops the workers, detaches the requests. */
+/* Finalize: ends every request, stops the workers, detaches the requests;
+ * the state stays for threads not yet stopped. Initialize restarts it,
+ * destroy frees it. */
 void llmdd__requests_fini(llmdd *dd);
+void llmdd__requests_restart(llmdd *dd);
+void llmdd__requests_free(llmdd *dd);
 
 /*
  * Notifications (notify.c, ctrl.c). llmdd__notify_send sends one to the

@@ -566,6 +566,11 @@ llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache)
     end_matching(dd, NULL, cache);
 }
 
+/*
+ * The request state itself stays until llmdd_destroy: threads of the
+ * instance that finalize has not stopped yet (a transport's serving thread
+ * dropping a link) may still look at it.
+ */
 void
 llmdd__requests_fini(llmdd *dd)
 {
@@ -584,12 +589,35 @@ llmdd__requests_fini(llmdd *dd)
         list_remove(r, q);
         q->owner = NULL;
     }
+    int n = r->nthreads;
     pthread_mutex_unlock(&r->lock);
-    for (int i = 0; i < r->nthreads; i++)
+    for (int i = 0; i < n; i++)
         pthread_join(r->threads[i], NULL);
-    pthread_mutex_lock(&dd->lock);
+    pthread_mutex_lock(&r->lock);
+    r->nthreads = 0;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void
+llmdd__requests_restart(llmdd *dd)
+{
+    struct llmdd__reqs *r = dd->reqs;
+
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->stop = false;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void
+llmdd__requests_free(llmdd *dd)
+{
+    struct llmdd__reqs *r = dd->reqs;
+
+    if (r == NULL)
+        return;
     dd->reqs = NULL;
-    pthread_mutex_unlock(&dd->lock);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->work);
     pthread_cond_destroy(&r->cond);
