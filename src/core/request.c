@@ -209,15 +209,15 @@ finish(llmdd_request *q)
         if (st != LLM_SUCCESS)
             q->status = st;
     }
-    llmdd__metrics_xfer(q->dd, q->op, q->link->ops, q->status, q->bytes,
-                        q->t0);
+    llmdd__metrics_xfer(q->dd, q->op, q->link->ops, q->status, q->bytes, q->t0);
     llmdd__link_remote_put(q->link, q->rc);
     llmdd__link_put(q->link);
     llmdd__cache_put(q->dd, q->lc);
+    pthread_mutex_lock(&r->lock);
+    /* Others read these under the lock (end_matching). */
     q->rc = NULL;
     q->link = NULL;
     q->lc = NULL;
-    pthread_mutex_lock(&r->lock);
     q->done = true;
     pthread_cond_broadcast(&r->cond);
     pthread_mutex_unlock(&r->lock);
@@ -439,8 +439,8 @@ llmdd_request_wait(llmdd_request *q, int32_t timeout_ms)
 static void
 end_locked(struct llmdd__reqs *r, llmdd_request *q, llmdd_status why)
 {
-    if (q->done || q->cancelled)
-        return;
+    if (q->done || q->finishing || q->cancelled)
+        return; /* a finishing request has its status already */
     q->cancelled = true;
     if (why != LLM_FAILED && !q->failed) {
         q->failed = true;
@@ -542,9 +542,10 @@ end_matching(llmdd *dd, const llmdd__link *link, const llmdd__cache *cache)
         llmdd_request *q = r->all;
         /* Synchronous calls end by themselves within their wait time, with
          * their transport's own status, as before requests existed. */
-        while (q != NULL && (q->done || q->cancelled || q->cancel.fd < 0 ||
-                             (link != NULL && q->link != link) ||
-                             (cache != NULL && q->lc != cache)))
+        while (q != NULL &&
+               (q->done || q->finishing || q->cancelled || q->cancel.fd < 0 ||
+                (link != NULL && q->link != link) ||
+                (cache != NULL && q->lc != cache)))
             q = q->next;
         if (q == NULL)
             break;
