@@ -32,14 +32,7 @@ typedef struct {
 static llmdd_status
 instance_ready(llmdd *dd)
 {
-    bool ok;
-
-    if (dd == NULL)
-        return LLM_PARAM_INVALID;
-    pthread_mutex_lock(&dd->lock);
-    ok = dd->initialized;
-    pthread_mutex_unlock(&dd->lock);
-    return ok ? LLM_SUCCESS : LLM_FAILED;
+    return dd == NULL ? LLM_PARAM_INVALID : llmdd__ready(dd);
 }
 
 static bool

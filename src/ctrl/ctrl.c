@@ -1644,15 +1644,6 @@ run_jobs(llmdd *dd, const llmdd_cluster_info *clusters, size_t n,
     return st;
 }
 
-static bool
-initialized(llmdd *dd)
-{
-    pthread_mutex_lock(&dd->lock);
-    bool ok = dd->initialized;
-    pthread_mutex_unlock(&dd->lock);
-    return ok;
-}
-
 llmdd_status
 llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
                     size_t num_clusters, llmdd_status *rets, int32_t timeout_ms)
@@ -1661,7 +1652,7 @@ llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
 
     if (dd == NULL)
         return LLM_PARAM_INVALID;
-    if (!initialized(dd))
+    if (llmdd__ready(dd) != LLM_SUCCESS)
         return LLM_FAILED;
     st = check_clusters(clusters, num_clusters, rets, timeout_ms, true);
     if (st != LLM_SUCCESS)
@@ -1678,7 +1669,7 @@ llmdd_unlink_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
 
     if (dd == NULL)
         return LLM_PARAM_INVALID;
-    if (!initialized(dd))
+    if (llmdd__ready(dd) != LLM_SUCCESS)
         return LLM_FAILED;
     st = check_clusters(clusters, num_clusters, rets, timeout_ms, !force);
     if (st != LLM_SUCCESS)
