@@ -1,32 +1,18 @@
 /* Helpers for the tests of the `llmdd` tool; see cli_util.h. */
 #include "cli_util.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define CU_MAX_ARGS 64
 #define CU_MAX_BG 8
 
 static pid_t cu_bg_pids[CU_MAX_BG];
-
-static int64_t
-cu_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void
 cu_track(pid_t pid, bool add)
@@ -44,8 +30,7 @@ cu_reap_all(void)
 {
     for (int i = 0; i < CU_MAX_BG; i++) {
         if (cu_bg_pids[i] > 0) {
-            kill(cu_bg_pids[i], SIGKILL);
-            waitpid(cu_bg_pids[i], NULL, 0);
+            th_wait(cu_bg_pids[i], 0, NULL); /* kills and reaps it */
             cu_bg_pids[i] = 0;
         }
     }
@@ -105,31 +90,6 @@ cu_read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Waits for pid until deadline; SIGKILLs it past the deadline. */
-static int
-cu_wait(pid_t pid, int64_t deadline, bool *timed_out)
-{
-    int status = 0;
-
-    *timed_out = false;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return status;
-        if (r < 0 && errno != EINTR)
-            return -1;
-        if (cu_now_ms() >= deadline) {
-            *timed_out = true;
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return status;
-        }
-        /* Bounded polling for a child's exit, not a synchronisation. */
-        struct timespec ts = {0, 5 * 1000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
 static void
 cu_fill_result(cu_result *r, int status)
 {
@@ -152,22 +112,18 @@ cu_run(int timeout_s, const char *const *args)
     cu_argv(argv, args);
     cu_tmpname(outp, sizeof(outp), ".out");
     cu_tmpname(errp, sizeof(errp), ".err");
-    fflush(NULL);
-    pid_t pid = fork();
+    int fds[3] = {open("/dev/null", O_RDONLY | O_CLOEXEC),
+                  open(outp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600),
+                  open(errp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
+    assert_true(fds[0] >= 0 && fds[1] >= 0 && fds[2] >= 0);
+    pid_t pid = th_spawn(argv, fds);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
     assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int in = open("/dev/null", O_RDONLY);
-        if (o < 0 || e < 0 || in < 0)
-            _exit(127);
-        dup2(in, 0);
-        dup2(o, 1);
-        dup2(e, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = cu_wait(pid, cu_now_ms() + timeout_s * 1000, &to);
+    int status;
+    int waited = th_wait(pid, timeout_s * 1000, &status);
+    assert_true(waited >= 0);
+    to = waited == 1;
     cu_fill_result(&r, status);
     r.out = cu_read_file(outp, NULL);
     r.err = cu_read_file(errp, NULL);
@@ -211,23 +167,16 @@ cu_start(cu_bg *b, const char *const *args)
     memset(b, 0, sizeof(*b));
     cu_argv(argv, args);
     cu_tmpname(b->errpath, sizeof(b->errpath), ".err");
-    assert_int_equal(pipe(p), 0);
-    fflush(NULL);
-    b->pid = fork();
+    int fds[3] = {
+        open("/dev/null", O_RDONLY | O_CLOEXEC), -1,
+        open(b->errpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
+    assert_true(fds[0] >= 0 && fds[2] >= 0);
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    fds[1] = p[1];
+    b->pid = th_spawn(argv, fds);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
     assert_true(b->pid >= 0);
-    if (b->pid == 0) {
-        int e = open(b->errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int in = open("/dev/null", O_RDONLY);
-        if (e < 0 || in < 0)
-            _exit(127);
-        close(p[0]);
-        dup2(in, 0);
-        dup2(p[1], 1);
-        dup2(e, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
     cu_track(b->pid, true);
     b->out = p[0];
 }
@@ -247,7 +196,7 @@ static ssize_t
 cu_fill(cu_bg *b, int64_t deadline)
 {
     struct pollfd pfd = {.fd = b->out, .events = POLLIN};
-    int64_t left = deadline - cu_now_ms();
+    int64_t left = deadline - th_now_ms();
 
     if (left <= 0 || b->nbuf == sizeof(b->buf) || poll(&pfd, 1, (int)left) != 1)
         return 0;
@@ -263,7 +212,7 @@ bool
 cu_wait_line(cu_bg *b, const char *needle, char *line, size_t cap,
              int timeout_s)
 {
-    int64_t deadline = cu_now_ms() + timeout_s * 1000;
+    int64_t deadline = th_now_ms() + timeout_s * 1000;
 
     for (;;) {
         char *nl = memchr(b->buf, '\n', b->nbuf);
@@ -293,12 +242,15 @@ cu_stop(cu_bg *b, int sig, int timeout_s)
 
     if (sig != 0)
         kill(b->pid, sig);
-    int status = cu_wait(b->pid, cu_now_ms() + timeout_s * 1000, &to);
+    int status;
+    int waited = th_wait(b->pid, timeout_s * 1000, &status);
     cu_track(b->pid, false);
+    assert_true(waited >= 0);
+    to = waited == 1;
     cu_fill_result(&r, status);
     /* It has exited: the rest of its output is in the pipe. */
     b->nbuf = 0;
-    while (cu_fill(b, cu_now_ms() + 1000) > 0)
+    while (cu_fill(b, th_now_ms() + 1000) > 0)
         b->nbuf = 0;
     close(b->out);
     b->out = -1;
@@ -317,16 +269,7 @@ cu_stop(cu_bg *b, int sig, int timeout_s)
 uint16_t
 cu_free_port(void)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
+    return th_free_port();
 }
 
 bool

@@ -177,23 +177,16 @@ static void
 test_loop_spoof_by_server(void **state)
 {
     struct fake_server fs = {.lfd = -1};
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof(a);
+    uint16_t port;
     pthread_t t;
 
     (void)state;
-    fs.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fs.lfd >= 0);
-    assert_int_equal(bind(fs.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(fs.lfd, 4), 0);
-    assert_int_equal(getsockname(fs.lfd, (struct sockaddr *)&a, &alen), 0);
+    fs.lfd = th_socket(true, &port);
     assert_int_equal(pthread_create(&t, NULL, fake_server_main, &fs), 0);
 
     llmdd *cli = instance(CLIENT, LLMDD_ROLE_MIX, NULL, "auto", NULL, 0);
-    assert_int_not_equal(
-        th_link(cli, SERVER, "127.0.0.1", ntohs(a.sin_port), 2000),
-        LLM_SUCCESS);
+    assert_int_not_equal(th_link(cli, SERVER, "127.0.0.1", port, 2000),
+                         LLM_SUCCESS);
     pthread_join(t, NULL);
     assert_string_not_equal(fs.asked, "loop");
     llmdd_cache_desc d = th_desc_kv();
@@ -224,11 +217,11 @@ test_partial_frame_blocks_nobody(void **state)
     /* The control thread accepts new links meanwhile; on the old code it
      * sat in a 2 s read of that one frame and this link timed out. */
     llmdd *cli = instance(CLIENT, LLMDD_ROLE_MIX, NULL, "tcp", NULL, 0);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(th_link(cli, SERVER, "127.0.0.1", port, 1000),
                      LLM_SUCCESS);
     printf("link beside a stalled frame: %lld ms\n",
-           (long long)(fu_now_ms() - t0));
+           (long long)(th_now_ms() - t0));
 
     /* The rest of the frame, a byte at a time: an UNLINK the server
      * understands, answers and acts on. */
@@ -281,10 +274,10 @@ test_out_of_fds_no_spin(void **state)
                             .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
-    int64_t c0 = cpu_ms(), t0 = fu_now_ms();
+    int64_t c0 = cpu_ms(), t0 = th_now_ms();
     struct timespec half = {0, 500 * 1000000L};
     nanosleep(&half, NULL); /* the window measured, not a synchronization */
-    int64_t cpu = cpu_ms() - c0, wall = fu_now_ms() - t0;
+    int64_t cpu = cpu_ms() - c0, wall = th_now_ms() - t0;
     printf("out of fds: %lld ms of CPU in %lld ms\n", (long long)cpu,
            (long long)wall);
 
@@ -327,11 +320,11 @@ test_max_links(void **state)
 
     /* A link that goes frees its place. */
     close(a);
-    int64_t deadline = fu_now_ms() + 5000;
+    int64_t deadline = th_now_ms() + 5000;
     llmdd_status ls;
     while ((ls = th_link(cli, SERVER, "127.0.0.1", port, 2000)) ==
                LLM_CLUSTER_NUM_EXCEED_LIMIT &&
-           fu_now_ms() < deadline)
+           th_now_ms() < deadline)
         ; /* the server drops the closed link when its thread sees EOF */
     assert_int_equal(ls, LLM_SUCCESS);
     close(b);
@@ -406,9 +399,9 @@ test_crossed_links(void **state)
         /* Unlink and wait until the other side has let go too. */
         assert_int_equal(th_unlink(a, CLIENT, "127.0.0.1", pb, false, 2000),
                          LLM_SUCCESS);
-        int64_t deadline = fu_now_ms() + 5000;
+        int64_t deadline = th_now_ms() + 5000;
         while (pull_one(b, SERVER, &sb, ca.cache_id) != LLM_NOT_YET_LINK)
-            assert_true(fu_now_ms() < deadline);
+            assert_true(th_now_ms() < deadline);
     }
     printf("crossed links: %d rounds, %d with both calls LLM_SUCCESS\n", rounds,
            both_ok);

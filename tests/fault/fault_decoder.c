@@ -138,7 +138,7 @@ main(int argc, char **argv)
     uint64_t batch = (uint64_t)d.shape[0];
     uint64_t stride = th_tensor_size(&d) / batch;
     unsigned long long n = 0, ok = 0, errors = 0, mismatches = 0, bytes = 0;
-    int64_t maxms = 0, start = fu_now_ms();
+    int64_t maxms = 0, start = th_now_ms();
     llmdd_status first = LLM_SUCCESS;
     for (; pulls == 0 || (long long)n < pulls; n++) {
         if (pulls == 0 && stdin_closed())
@@ -149,7 +149,7 @@ main(int argc, char **argv)
         for (uint32_t t = 0; t < d.num_tensors; t++)
             memset((uint8_t *)(uintptr_t)local.tensor_addrs[t] + dst * stride,
                    (int)(0x5a ^ n), stride);
-        int64_t t0 = fu_now_ms();
+        int64_t t0 = th_now_ms();
         if (n % 2 == 0) {
             st = llmdd_pull_kv_cache(dd, &idx, &local, dst, -1, NULL);
         } else {
@@ -157,7 +157,7 @@ main(int argc, char **argv)
             idx.batch_index = 0;
             st = llmdd_pull_kv_blocks(dd, &idx, &local, &sb, &db, 1, NULL);
         }
-        int64_t ms = fu_now_ms() - t0;
+        int64_t ms = th_now_ms() - t0;
         maxms = ms > maxms ? ms : maxms;
         if (st != LLM_SUCCESS) {
             if (errors++ == 0)
@@ -177,7 +177,7 @@ main(int argc, char **argv)
     }
     printf("DONE pulls=%llu ok=%llu errors=%llu mismatches=%llu bytes=%llu "
            "ms=%lld maxms=%lld first=%s\n",
-           n, ok, errors, mismatches, bytes, (long long)(fu_now_ms() - start),
+           n, ok, errors, mismatches, bytes, (long long)(th_now_ms() - start),
            (long long)maxms, llmdd_status_str(first));
     fflush(stdout);
     llmdd_destroy(dd);

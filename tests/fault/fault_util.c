@@ -6,31 +6,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-int64_t
-fu_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void
-fu_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 long
 fu_env(const char *name, long def)
@@ -67,121 +47,6 @@ fu_rand(uint64_t *s)
     *s ^= *s >> 7;
     *s ^= *s << 17;
     return (uint32_t)(*s >> 32);
-}
-
-/* ---- Child processes. ---- */
-
-int
-fu_spawn(fu_child *c, const char *const *argv)
-{
-    int in[2], out[2];
-
-    memset(c, 0, sizeof(*c));
-    c->in = c->out = -1;
-    if (pipe2(in, O_CLOEXEC) != 0)
-        return -1;
-    if (pipe2(out, O_CLOEXEC) != 0) {
-        close(in[0]);
-        close(in[1]);
-        return -1;
-    }
-    c->pid = fork();
-    if (c->pid == 0) {
-        /* Only async-signal-safe calls: the parent may have threads. */
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    if (c->pid < 0) {
-        close(in[1]);
-        close(out[0]);
-        return -1;
-    }
-    c->in = in[1];
-    c->out = out[0];
-    return 0;
-}
-
-int
-fu_write(fu_child *c, const char *line)
-{
-    size_t len = strlen(line);
-
-    if (c->in < 0)
-        return -1;
-    /* A dead child must not kill us with SIGPIPE. */
-    signal(SIGPIPE, SIG_IGN);
-    return write(c->in, line, len) == (ssize_t)len ? 0 : -1;
-}
-
-int
-fu_readline(fu_child *c, char *line, size_t cap, int timeout_ms)
-{
-    int64_t deadline = fu_now_ms() + timeout_ms;
-
-    for (;;) {
-        char *nl = memchr(c->buf, '\n', c->blen);
-        if (nl != NULL) {
-            size_t n = (size_t)(nl - c->buf);
-            snprintf(line, cap, "%.*s", (int)n, c->buf);
-            c->blen -= n + 1;
-            memmove(c->buf, nl + 1, c->blen);
-            return 0;
-        }
-        if (c->blen == sizeof(c->buf) || c->out < 0)
-            return -1;
-        int64_t left = deadline - fu_now_ms();
-        struct pollfd p = {.fd = c->out, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
-            return -1;
-        ssize_t k = read(c->out, c->buf + c->blen, sizeof(c->buf) - c->blen);
-        if (k <= 0)
-            return -1;
-        c->blen += (size_t)k;
-    }
-}
-
-void
-fu_close_in(fu_child *c)
-{
-    if (c->in >= 0)
-        close(c->in);
-    c->in = -1;
-}
-
-int
-fu_reap(fu_child *c, int timeout_ms)
-{
-    int64_t deadline = fu_now_ms() + timeout_ms;
-    int status = 0, rc = -1;
-
-    fu_close_in(c);
-    if (c->pid <= 0)
-        goto out;
-    for (;;) {
-        pid_t r = waitpid(c->pid, &status, WNOHANG);
-        if (r == c->pid) {
-            rc = WIFEXITED(status)     ? WEXITSTATUS(status)
-                 : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                       : -1;
-            break;
-        }
-        if (r < 0 || fu_now_ms() >= deadline) {
-            kill(c->pid, SIGKILL);
-            waitpid(c->pid, &status, 0);
-            break;
-        }
-        fu_sleep_ms(5);
-    }
-    c->pid = 0;
-out:
-    if (c->out >= 0)
-        close(c->out);
-    c->out = -1;
-    return rc;
 }
 
 const char *
@@ -254,7 +119,7 @@ fu_fd_dump(pid_t pid)
 bool
 fu_settles(pid_t pid, int max_fds, long max_threads, int timeout_ms)
 {
-    int64_t deadline = fu_now_ms() + timeout_ms;
+    int64_t deadline = th_now_ms() + timeout_ms;
 
     for (;;) {
         int fds = fu_fd_count(pid);
@@ -262,14 +127,14 @@ fu_settles(pid_t pid, int max_fds, long max_threads, int timeout_ms)
         if (fds >= 0 && fds <= max_fds && threads >= 0 &&
             threads <= max_threads)
             return true;
-        if (fu_now_ms() >= deadline) {
+        if (th_now_ms() >= deadline) {
             fprintf(stderr, "pid %d: %d fds (want <= %d), %ld threads "
                             "(want <= %ld)\n",
                     (int)pid, fds, max_fds, threads, max_threads);
             fu_fd_dump(pid);
             return false;
         }
-        fu_sleep_ms(20);
+        th_sleep_ms(20);
     }
 }
 
@@ -325,11 +190,11 @@ fu_send_frame(int fd, uint16_t type, const void *payload, size_t len)
 int
 fu_recv_all(int fd, void *buf, size_t len, int timeout_ms)
 {
-    int64_t deadline = fu_now_ms() + timeout_ms;
+    int64_t deadline = th_now_ms() + timeout_ms;
     uint8_t *p = buf;
 
     while (len > 0) {
-        int64_t left = deadline - fu_now_ms();
+        int64_t left = deadline - th_now_ms();
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         if (left <= 0) {
             errno = ETIMEDOUT;
@@ -372,11 +237,11 @@ fu_recv_frame(int fd, uint16_t *type, uint8_t *buf, size_t cap, size_t *len,
 bool
 fu_closed_within(int fd, int timeout_ms)
 {
-    int64_t deadline = fu_now_ms() + timeout_ms;
+    int64_t deadline = th_now_ms() + timeout_ms;
     uint8_t scratch[4096];
 
     for (;;) {
-        int64_t left = deadline - fu_now_ms();
+        int64_t left = deadline - th_now_ms();
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         if (left <= 0 || poll(&pf, 1, (int)left) == 0)
             return false;

@@ -1,9 +1,9 @@
 /*
- * Helpers for the fault, hostile-input, load and auth tests: child processes
- * with a line protocol and deadlines, /proc readings of a process, a raw wire
- * client (frames, the control handshake, data connections), a recording TCP
- * relay, and the time bounds that every call is checked against. Not
- * thread-safe unless a function says so.
+ * Helpers for the fault, hostile-input, load and auth tests: /proc readings
+ * of a process, a raw wire client (frames, the control handshake, data
+ * connections), a recording TCP relay, and the time bounds that every call
+ * is checked against. Child processes with a line protocol and deadlines
+ * are harness/proc.h's th_child. Not thread-safe unless a function says so.
  */
 #ifndef LLMDD_TESTS_FAULT_UTIL_H
 #define LLMDD_TESTS_FAULT_UTIL_H
@@ -22,9 +22,6 @@
 #define FU_SLOW 1
 #endif
 
-/* CLOCK_MONOTONIC in ms (thread-safe). */
-int64_t fu_now_ms(void);
-void fu_sleep_ms(int ms);
 /* An integer from the environment, or def when unset or invalid. */
 long fu_env(const char *name, long def);
 /*
@@ -35,25 +32,6 @@ int fu_margin_ms(void);
 /* A small PRNG (xorshift), seeded from LLMDD_FAULT_SEED or the clock. */
 uint64_t fu_seed(void);
 uint32_t fu_rand(uint64_t *state);
-
-/* A child process with pipes on stdin and stdout; stderr is inherited. */
-typedef struct {
-    pid_t pid;
-    int in, out;
-    char buf[4096];
-    size_t blen;
-} fu_child;
-
-int fu_spawn(fu_child *c, const char *const *argv);
-int fu_write(fu_child *c, const char *line);
-/* One line without its newline; -1 on EOF or when timeout_ms passes. */
-int fu_readline(fu_child *c, char *line, size_t cap, int timeout_ms);
-void fu_close_in(fu_child *c);
-/*
- * Reaps it; SIGKILL after timeout_ms. Returns the exit code, 128 + signal
- * when signalled, or -1 when it had to be killed.
- */
-int fu_reap(fu_child *c, int timeout_ms);
 
 /* Where the fault_decoder helper is: LLMDD_FAULT_DECODER. */
 const char *fu_decoder_path(void);

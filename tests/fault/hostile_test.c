@@ -36,7 +36,7 @@
 #define STALL_MS 5000     /* the data plane's stall limit */
 
 static th_proc prompt;
-static fu_child decoder;
+static th_child decoder;
 static int margin;
 static uint64_t rng0;
 
@@ -59,8 +59,8 @@ setup(void **state)
     const char *dargs[] = {fu_decoder_path(), "--port", sport, "--cache",
                            scache, "--seed", "1", "--pulls", "0",
                            "--transport", "tcp", NULL};
-    if (fu_spawn(&decoder, dargs) != 0 ||
-        fu_readline(&decoder, line, sizeof(line), 10000 * FU_SLOW) != 0 ||
+    if (th_child_spawn(&decoder, dargs) != 0 ||
+        th_child_readline(&decoder, line, sizeof(line), 10000 * FU_SLOW) != 0 ||
         strcmp(line, "LINKED") != 0)
         return -1;
     return 0;
@@ -70,7 +70,7 @@ static int
 teardown(void **state)
 {
     (void)state;
-    fu_reap(&decoder, 5000);
+    th_child_reap(&decoder, 5000);
     return th_proc_stop(&prompt) == 0 ? 0 : -1;
 }
 
@@ -310,20 +310,20 @@ test_idle_connections(void **state)
     /* Past the listen backlog a connect may wait for a SYN retry (1 s). */
     for (int i = 0; i < IDLE_CONNS; i++) {
         idle[i] = fu_connect(prompt.port);
-        idle_at[i] = fu_now_ms();
+        idle_at[i] = th_now_ms();
         assert_true(idle[i] >= 0);
     }
     /* A real client links and pulls although every handshake slot is busy. */
     assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_DECODER, &dd), LLM_SUCCESS);
     assert_int_equal(llmdd_initialize(dd, NULL, 0), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     /* Within the idle ones' deadline; sanitizers need longer. */
     int timeout = FU_SLOW > 1 ? 2000 * FU_SLOW : 1500;
     llmdd_status st = th_link(dd, PEER, "127.0.0.1", prompt.port, timeout);
     printf("hostile_test: link with %d idle connections open: %s after "
            "%lld ms\n",
-           IDLE_CONNS, llmdd_status_str(st), (long long)(fu_now_ms() - t0));
+           IDLE_CONNS, llmdd_status_str(st), (long long)(th_now_ms() - t0));
     assert_int_equal(st, LLM_SUCCESS);
     assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &local, 0, -1, NULL),
                      LLM_SUCCESS);
@@ -339,7 +339,7 @@ test_idle_connections(void **state)
     for (int i = 0; i < IDLE_CONNS; i++) {
         /* The deadline runs from the accept, which lags under sanitizers. */
         int left = (int)(idle_at[i] + HANDSHAKE_MS * (FU_SLOW > 1 ? 2 : 1) +
-                         margin - fu_now_ms());
+                         margin - th_now_ms());
         cut += fu_closed_within(idle[i], left > 0 ? left : 0);
         close(idle[i]);
         idle[i] = -1;
@@ -548,12 +548,12 @@ test_stalled_reader(void **state)
      * link: of the two fds it has for our raw link, only the control one is
      * left once the stall limit has passed.
      */
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     assert_true(fu_settles(prompt.pid, fds + 1, 1 << 20,
                            STALL_MS + 2000 + margin));
     printf("hostile_test: a reader that never reads was cut off after "
            "%lld ms\n",
-           (long long)(fu_now_ms() - t0));
+           (long long)(th_now_ms() - t0));
     close(fd);
     close(ctrl);
     assert_true(fu_settles(prompt.pid, fds, 1 << 20, 2000 * FU_SLOW));
@@ -565,11 +565,11 @@ test_real_decoder_unharmed(void **state)
     char line[256];
 
     (void)state;
-    fu_close_in(&decoder);
-    assert_int_equal(fu_readline(&decoder, line, sizeof(line), 10000), 0);
+    th_child_close_in(&decoder);
+    assert_int_equal(th_child_readline(&decoder, line, sizeof(line), 10000), 0);
     printf("hostile_test: the real decoder, meanwhile: %s\n", line);
     assert_non_null(strstr(line, " errors=0 mismatches=0 "));
-    assert_int_equal(fu_reap(&decoder, 5000), 0);
+    assert_int_equal(th_child_reap(&decoder, 5000), 0);
     assert_int_equal(th_proc_cmd(&prompt, "ping", NULL, 0), 0);
 }
 

@@ -58,13 +58,13 @@ setup(void **state)
 static void
 relink(llmdd *dd, uint16_t port)
 {
-    int64_t deadline = fu_now_ms() + 2000 * FU_SLOW;
+    int64_t deadline = th_now_ms() + 2000 * FU_SLOW;
     llmdd_status st;
 
     while ((st = th_link(dd, PEER, "127.0.0.1", port, 2000)) ==
                LLM_ALREADY_LINK &&
-           fu_now_ms() < deadline)
-        fu_sleep_ms(10);
+           th_now_ms() < deadline)
+        th_sleep_ms(10);
     if (st != LLM_SUCCESS)
         fail_msg("link to the new prompt: %s", llmdd_status_str(st));
 }
@@ -83,7 +83,7 @@ killer_main(void *arg)
 
     nanosleep(&ts, NULL);
     kill(k->pid, SIGKILL);
-    __atomic_store_n(&k->at_ms, fu_now_ms(), __ATOMIC_RELEASE);
+    __atomic_store_n(&k->at_ms, th_now_ms(), __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -133,9 +133,9 @@ timed(llmdd *dd, const llmdd_cache *local, int64_t remote, bool push,
 {
     if (!push)
         poison(local);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     llmdd_status st = xfer(dd, local, remote, push);
-    int64_t ms = fu_now_ms() - t0;
+    int64_t ms = th_now_ms() - t0;
 
     s->calls++;
     s->max_ms = ms > s->max_ms ? ms : s->max_ms;
@@ -197,7 +197,7 @@ kill_loop(bool push)
         assert_int_equal(pthread_create(&kt, NULL, killer_main, &k), 0);
         /* Transfer until one started after the kill has failed. */
         for (int n = 0;; n++) {
-            int64_t t0 = fu_now_ms();
+            int64_t t0 = th_now_ms();
             llmdd_status st = timed(dd, &local, remote, push, seed, &s);
             int64_t killed = __atomic_load_n(&k.at_ms, __ATOMIC_ACQUIRE);
             if (st != LLM_SUCCESS && (killed == 0 || t0 < killed))
@@ -239,7 +239,7 @@ test_prompt_killed_during_push(void **state)
 }
 
 static int
-spawn_decoder(fu_child *c, uint16_t port, int64_t cache, unsigned seed,
+spawn_decoder(th_child *c, uint16_t port, int64_t cache, unsigned seed,
               const char *desc, bool tolerate, unsigned pulls)
 {
     char sport[16], scache[24], sseed[16], spulls[16], line[256];
@@ -263,12 +263,12 @@ spawn_decoder(fu_child *c, uint16_t port, int64_t cache, unsigned seed,
     snprintf(sport, sizeof(sport), "%u", port);
     snprintf(scache, sizeof(scache), "%lld", (long long)cache);
     snprintf(sseed, sizeof(sseed), "%u", seed);
-    if (fu_spawn(c, argv) != 0)
+    if (th_child_spawn(c, argv) != 0)
         return -1;
-    if (fu_readline(c, line, sizeof(line), 10000 * FU_SLOW) != 0 ||
+    if (th_child_readline(c, line, sizeof(line), 10000 * FU_SLOW) != 0 ||
         strcmp(line, "LINKED") != 0) {
         fprintf(stderr, "decoder did not link: %s\n", line);
-        fu_reap(c, 1000);
+        th_child_reap(c, 1000);
         return -1;
     }
     return 0;
@@ -280,7 +280,7 @@ test_decoder_killed_during_pull(void **state)
     const char *args[] = {"--cluster",   "1",       "--role", "prompt",
                           "--transport", transport, NULL};
     char cmd[64], reply[64], line[256], big_desc_s[32];
-    fu_child steady, victim;
+    th_child steady, victim;
     th_proc p;
 
     (void)state;
@@ -299,9 +299,9 @@ test_decoder_killed_during_pull(void **state)
     for (int it = 0; it < iters; it++) {
         assert_int_equal(
             spawn_decoder(&victim, p.port, big, 9, big_desc_s, true, 0), 0);
-        fu_sleep_ms((int)(fu_rand(&rng) % (50u * FU_SLOW)));
+        th_sleep_ms((int)(fu_rand(&rng) % (50u * FU_SLOW)));
         kill(victim.pid, SIGKILL);
-        assert_int_equal(fu_reap(&victim, 5000), 128 + SIGKILL);
+        assert_int_equal(th_child_reap(&victim, 5000), 128 + SIGKILL);
     }
     assert_int_equal(th_proc_cmd(&p, "ping", NULL, 0), 0);
     /* Every killed decoder's connections and threads are gone. */
@@ -311,18 +311,18 @@ test_decoder_killed_during_pull(void **state)
      * pulls, all of them ok, no byte wrong. */
     assert_int_equal(
         spawn_decoder(&victim, p.port, big, 9, big_desc_s, false, 6), 0);
-    assert_int_equal(fu_readline(&victim, line, sizeof(line), 10000 * FU_SLOW),
-                     0);
+    assert_int_equal(
+        th_child_readline(&victim, line, sizeof(line), 10000 * FU_SLOW), 0);
     printf("kill_test: new decoder: %s\n", line);
     assert_non_null(strstr(line, "DONE pulls=6 ok=6 errors=0 mismatches=0 "));
-    assert_int_equal(fu_reap(&victim, 5000), 0);
+    assert_int_equal(th_child_reap(&victim, 5000), 0);
 
-    fu_close_in(&steady);
-    assert_int_equal(fu_readline(&steady, line, sizeof(line), 10000 * FU_SLOW),
-                     0);
+    th_child_close_in(&steady);
+    assert_int_equal(
+        th_child_readline(&steady, line, sizeof(line), 10000 * FU_SLOW), 0);
     printf("kill_test: %d decoders killed; steady decoder: %s\n", iters, line);
     assert_non_null(strstr(line, " errors=0 mismatches=0 "));
-    assert_int_equal(fu_reap(&steady, 5000), 0);
+    assert_int_equal(th_child_reap(&steady, 5000), 0);
     assert_int_equal(th_proc_cmd(&p, "ping", NULL, 0), 0);
     assert_int_equal(th_proc_stop(&p), 0);
 }

@@ -7,7 +7,6 @@
  *
  *   link_deadline_test
  */
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -102,18 +101,9 @@ fake_main(void *arg)
 static void
 fake_start(fake *f, bool refuse)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof(a);
-
     memset(f, 0, sizeof(*f));
     f->refuse = refuse;
-    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f->lfd >= 0);
-    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(f->lfd, 16), 0);
-    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&a, &alen), 0);
-    f->port = ntohs(a.sin_port);
+    f->lfd = th_socket(true, &f->port);
     assert_int_equal(pipe(f->stop), 0);
     assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
 }
@@ -138,9 +128,9 @@ link_fake(fake *f, int timeout_ms, int *took_ms)
 
     assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_DECODER, &dd), LLM_SUCCESS);
     assert_int_equal(llmdd_initialize(dd, &opt, 1), LLM_SUCCESS);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     llmdd_status st = th_link(dd, PEER, "127.0.0.1", f->port, timeout_ms);
-    *took_ms = (int)(fu_now_ms() - t0);
+    *took_ms = (int)(th_now_ms() - t0);
     llmdd_destroy(dd);
     return st;
 }

@@ -49,7 +49,7 @@ load(const char *what, int64_t id, unsigned seed, const char *desc, int n,
      long pulls)
 {
     char sport[16], scache[24], sseed[16], spulls[24], line[256];
-    fu_child d[MAX_DECODERS];
+    th_child d[MAX_DECODERS];
     unsigned long long total = 0, bytes = 0, slowest = 0;
 
     snprintf(sport, sizeof(sport), "%u", prompt.port);
@@ -65,18 +65,16 @@ load(const char *what, int64_t id, unsigned seed, const char *desc, int n,
     long rss0 = fu_proc_status(prompt.pid, "VmRSS");
 
     for (int i = 0; i < n; i++) {
-        assert_int_equal(fu_spawn(&d[i], argv), 0);
-        assert_int_equal(fu_readline(&d[i], line, sizeof(line),
-                                     20000 * FU_SLOW),
-                         0);
+        assert_int_equal(th_child_spawn(&d[i], argv), 0);
+        assert_int_equal(
+            th_child_readline(&d[i], line, sizeof(line), 20000 * FU_SLOW), 0);
         assert_string_equal(line, "LINKED");
     }
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     for (int i = 0; i < n; i++)
-        assert_int_equal(fu_write(&d[i], "go\n"), 0);
+        assert_int_equal(th_child_write(&d[i], "go\n"), 0);
     for (int i = 0; i < n; i++) {
-        assert_int_equal(fu_readline(&d[i], line, sizeof(line),
-                                     300000),
+        assert_int_equal(th_child_readline(&d[i], line, sizeof(line), 300000),
                          0);
         if (field(line, " errors=") != 0 || field(line, " mismatches=") != 0)
             fail_msg("decoder %d: %s", i, line);
@@ -85,9 +83,9 @@ load(const char *what, int64_t id, unsigned seed, const char *desc, int n,
         unsigned long long m = field(line, " maxms=");
         slowest = m > slowest ? m : slowest;
     }
-    int64_t ms = fu_now_ms() - t0;
+    int64_t ms = th_now_ms() - t0;
     for (int i = 0; i < n; i++)
-        assert_int_equal(fu_reap(&d[i], 10000 * FU_SLOW), 0);
+        assert_int_equal(th_child_reap(&d[i], 10000 * FU_SLOW), 0);
     assert_int_equal((long long)total, (long long)n * pulls);
     double sec = ms > 0 ? (double)ms / 1000 : 0.001;
     printf("load_test: %s: %d decoders x %ld pulls = %llu pulls of %llu "

@@ -66,7 +66,7 @@ static int
 timed_cmd(const char *cmd, char *reply, size_t cap, int timeout_ms)
 {
     struct pollfd p = {.fd = fileno(prompt.out), .events = POLLIN};
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
 
     if (fprintf(prompt.in, "%s\n", cmd) < 0 || fflush(prompt.in) != 0)
         return -1;
@@ -75,7 +75,7 @@ timed_cmd(const char *cmd, char *reply, size_t cap, int timeout_ms)
         fgets(reply, (int)cap, prompt.out) == NULL)
         return -1;
     reply[strcspn(reply, "\n")] = '\0';
-    return (int)(fu_now_ms() - t0);
+    return (int)(th_now_ms() - t0);
 }
 
 static int64_t
@@ -226,7 +226,7 @@ typedef struct {
      */
     int cut_fds;
     bool cut;
-    int64_t cut_at; /* fu_now_ms() then */
+    int64_t cut_at; /* th_now_ms() then */
     int64_t until;  /* gives up then */
 } trickle;
 
@@ -236,11 +236,11 @@ trickle_run(trickle *t)
 {
     static uint8_t buf[TRICKLE_BYTES];
 
-    while (t->got < t->want && fu_now_ms() < t->until) {
-        fu_sleep_ms(TRICKLE_MS); /* the pace, not a wait for an event */
+    while (t->got < t->want && th_now_ms() < t->until) {
+        th_sleep_ms(TRICKLE_MS); /* the pace, not a wait for an event */
         if (t->cut_fds >= 0 && fu_fd_count(prompt.pid) <= t->cut_fds) {
             t->cut = true;
-            t->cut_at = fu_now_ms();
+            t->cut_at = th_now_ms();
             return;
         }
         ssize_t k = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -288,11 +288,11 @@ test_trickler_vs_deallocate(void **state)
     int64_t big = alloc_big(64, 7);
     trickle t = {.want = size, .cut_fds = -1};
     t.fd = trickle_start(big, size, &ctrl);
-    t.until = fu_now_ms() + 60000;
+    t.until = th_now_ms() + 60000;
     assert_int_equal(pthread_create(&th, NULL, trickle_main, &t), 0);
 
     /* The owner waits WAIT_MS for the reply, then cuts it. */
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     char cmd[64], reply[64];
     snprintf(cmd, sizeof(cmd), "dealloc %lld", (long long)big);
     int ms = timed_cmd(cmd, reply, sizeof(reply), WAIT_MS + 2000 + margin);
@@ -302,7 +302,7 @@ test_trickler_vs_deallocate(void **state)
     printf("pin_test: deallocate under a trickling reader took %d ms; the "
            "reader got %llu of %llu bytes in %lld ms\n",
            ms, (unsigned long long)t.got, (unsigned long long)size,
-           (long long)(fu_now_ms() - t0));
+           (long long)(th_now_ms() - t0));
     if (ms < 0)
         fail_msg("deallocate did not return within %d ms",
                  WAIT_MS + 2000 + margin);
@@ -324,7 +324,7 @@ test_trickler_cut(void **state)
     (void)state;
     int64_t id = alloc_big(16, 8);
     trickle t = {.want = size, .cut_fds = fu_fd_count(prompt.pid)};
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     t.fd = trickle_start(id, size, &ctrl);
     /* Two fds for our link; the data connection's is the one to go. */
     t.cut_fds += 1;
@@ -334,7 +334,7 @@ test_trickler_cut(void **state)
            "%lld ms (allowed %lld ms)\n",
            TRICKLE_BYTES / 1024 * 1000 / TRICKLE_MS, (unsigned long long)t.got,
            (unsigned long long)size, t.cut ? "cut" : "not cut",
-           (long long)((t.cut ? t.cut_at : fu_now_ms()) - t0),
+           (long long)((t.cut ? t.cut_at : th_now_ms()) - t0),
            (long long)allowed);
     assert_true(t.cut);
     assert_true(t.got < size);

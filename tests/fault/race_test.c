@@ -71,10 +71,10 @@ puller_main(void *arg)
         for (uint32_t t = 0; t < 4; t++)
             memset((uint8_t *)(uintptr_t)local.tensor_addrs[t] + dst * stride,
                    0xee, stride);
-        int64_t t0 = fu_now_ms();
+        int64_t t0 = th_now_ms();
         llmdd_status st = llmdd_pull_kv_cache(p->dd, &idx, &local, dst, -1,
                                               NULL);
-        int64_t ms = fu_now_ms() - t0;
+        int64_t ms = th_now_ms() - t0;
         int64_t max = __atomic_load_n(&p->max_ms, __ATOMIC_RELAXED);
         while (ms > max && !__atomic_compare_exchange_n(
                                &p->max_ms, &max, ms, false, __ATOMIC_RELAXED,
@@ -84,7 +84,7 @@ puller_main(void *arg)
             __atomic_add_fetch(&p->late, 1, __ATOMIC_RELAXED);
         if (st == LLM_NOT_YET_LINK) {
             __atomic_add_fetch(&p->not_linked, 1, __ATOMIC_RELAXED);
-            fu_sleep_ms(1); /* leave the CPU to the relink */
+            th_sleep_ms(1); /* leave the CPU to the relink */
             continue;
         }
         if (st == LLM_KV_CACHE_NOT_EXIST) {
@@ -186,13 +186,13 @@ decoder_start(void)
 static void
 relink(llmdd *dd, uint16_t port)
 {
-    int64_t deadline = fu_now_ms() + 2000 * FU_SLOW;
+    int64_t deadline = th_now_ms() + 2000 * FU_SLOW;
     llmdd_status st;
 
     while ((st = th_link(dd, PEER, "127.0.0.1", port, 2000)) ==
                LLM_ALREADY_LINK &&
-           fu_now_ms() < deadline)
-        fu_sleep_ms(5);
+           th_now_ms() < deadline)
+        th_sleep_ms(5);
     if (st != LLM_SUCCESS)
         fail_msg("link again: %s", llmdd_status_str(st));
 }
@@ -212,8 +212,8 @@ test_unlink_during_transfer(void **state)
     relink(dd, port);
     pullers_start(&p, dd, cache);
     for (int r = 0; r < rounds; r++) {
-        fu_sleep_ms((int)(fu_rand(&rng) % 20));
-        int64_t t0 = fu_now_ms();
+        th_sleep_ms((int)(fu_rand(&rng) % 20));
+        int64_t t0 = th_now_ms();
         llmdd_status st;
         switch (r % 3) {
         case 0:
@@ -229,19 +229,18 @@ test_unlink_during_transfer(void **state)
         }
         if (st != LLM_SUCCESS)
             fail_msg("round %d: unlink: %s", r, llmdd_status_str(st));
-        if (fu_now_ms() - t0 > 2000 + margin)
+        if (th_now_ms() - t0 > 2000 + margin)
             fail_msg("round %d: unlink took %lld ms", r,
-                     (long long)(fu_now_ms() - t0));
-        fu_sleep_ms((int)(fu_rand(&rng) % 10));
+                     (long long)(th_now_ms() - t0));
+        th_sleep_ms((int)(fu_rand(&rng) % 10));
         relink(dd, port);
     }
     /* The windows between relinks can be shorter than a first pull over a
      * fresh link (ucx under a sanitizer): the last link lives until a pull
      * went through it, or the bound passes. */
-    int64_t until = fu_now_ms() + 5000 * FU_SLOW;
-    while (__atomic_load_n(&p.ok, __ATOMIC_ACQUIRE) == 0 &&
-           fu_now_ms() < until)
-        fu_sleep_ms(5);
+    int64_t until = th_now_ms() + 5000 * FU_SLOW;
+    while (__atomic_load_n(&p.ok, __ATOMIC_ACQUIRE) == 0 && th_now_ms() < until)
+        th_sleep_ms(5);
     pullers_stop(&p, "unlink during pulls", false);
     llmdd_destroy(dd);
     llmdd_destroy(prompt);
@@ -260,12 +259,12 @@ test_finalize_with_links_alive(void **state)
     llmdd *dd = decoder_start();
     relink(dd, port);
     pullers_start(&p, dd, cache);
-    fu_sleep_ms(50);
+    th_sleep_ms(50);
 
     /* The prompt goes away under the decoder's pulls... */
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     llmdd_finalize(prompt);
-    int64_t ms = fu_now_ms() - t0;
+    int64_t ms = th_now_ms() - t0;
     printf("race_test: prompt finalize with a live link took %lld ms\n",
            (long long)ms);
     assert_true(ms <= WAIT_MS + margin);
@@ -281,21 +280,21 @@ test_finalize_with_links_alive(void **state)
     __atomic_store_n(&p.remote, c.cache_id, __ATOMIC_RELEASE);
     relink(dd, port);
     int ok = __atomic_load_n(&p.ok, __ATOMIC_RELAXED);
-    int64_t deadline = fu_now_ms() + 2000 * FU_SLOW;
+    int64_t deadline = th_now_ms() + 2000 * FU_SLOW;
     while (__atomic_load_n(&p.ok, __ATOMIC_RELAXED) < ok + 10 &&
-           fu_now_ms() < deadline)
-        fu_sleep_ms(5);
+           th_now_ms() < deadline)
+        th_sleep_ms(5);
     pullers_stop(&p, "prompt finalized under pulls", true);
     assert_true(p.not_linked > 0);
 
     /* The decoder finalizes with its link alive; the prompt notices. */
     llmdd_finalize(dd);
-    deadline = fu_now_ms() + 2000 * FU_SLOW;
+    deadline = th_now_ms() + 2000 * FU_SLOW;
     llmdd__link *l;
     while ((l = llmdd__link_get(prompt, SELF)) != NULL &&
-           fu_now_ms() < deadline) {
+           th_now_ms() < deadline) {
         llmdd__link_put(l);
-        fu_sleep_ms(5);
+        th_sleep_ms(5);
     }
     assert_null(l);
     llmdd_destroy(dd);
@@ -322,10 +321,10 @@ test_peer_exits_with_link(void **state)
                      LLM_SUCCESS);
     /* "quit": the peer destroys its instance with our link alive. */
     assert_int_equal(th_proc_stop(&proc), 0);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(llmdd_pull_kv_cache(dd, &idx, &local, 0, -1, NULL),
                      LLM_NOT_YET_LINK);
-    assert_true(fu_now_ms() - t0 <= WAIT_MS + margin);
+    assert_true(th_now_ms() - t0 <= WAIT_MS + margin);
     llmdd_destroy(dd);
 }
 

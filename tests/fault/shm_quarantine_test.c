@@ -130,7 +130,7 @@ pusher_main(const char *port, int64_t id)
 
 /* ---- The owner (this process). ---- */
 
-static fu_child child;
+static th_child child;
 
 static int
 teardown(void **state)
@@ -138,7 +138,7 @@ teardown(void **state)
     (void)state;
     if (child.pid > 0) {
         kill(child.pid, SIGCONT);
-        fu_reap(&child, 5000);
+        th_child_reap(&child, 5000);
         child.pid = 0;
     }
     return 0;
@@ -174,10 +174,10 @@ test_stalled_pusher(void **state)
     snprintf(port, sizeof(port), "%u", p);
     snprintf(id, sizeof(id), "%lld", (long long)a.cache_id);
     const char *argv[] = {"/proc/self/exe", "--pusher", port, id, NULL};
-    assert_int_equal(fu_spawn(&child, argv), 0);
-    assert_int_equal(fu_readline(&child, line, sizeof(line), 20000), 0);
+    assert_int_equal(th_child_spawn(&child, argv), 0);
+    assert_int_equal(th_child_readline(&child, line, sizeof(line), 20000), 0);
     assert_string_equal(line, "LINKED");
-    assert_int_equal(fu_readline(&child, line, sizeof(line), 20000), 0);
+    assert_int_equal(th_child_readline(&child, line, sizeof(line), 20000), 0);
     assert_string_equal(line, "FAULT");
     /* Mid-copy: the first half landed, the rest waits on the fault. */
     assert_int_equal(kill(child.pid, SIGSTOP), 0);
@@ -198,10 +198,10 @@ test_stalled_pusher(void **state)
         assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
 
     assert_int_equal(kill(child.pid, SIGCONT), 0);
-    assert_int_equal(fu_write(&child, "go\n"), 0);
-    assert_int_equal(fu_readline(&child, line, sizeof(line), 20000), 0);
+    assert_int_equal(th_child_write(&child, "go\n"), 0);
+    assert_int_equal(th_child_readline(&child, line, sizeof(line), 20000), 0);
     printf("shm_quarantine_test: pusher: %s\n", line);
-    int rc = fu_reap(&child, 20000);
+    int rc = th_child_reap(&child, 20000);
     child.pid = 0;
     assert_int_equal(rc, 0);
     if (!all_bytes(new, SLOT, FILLED))

@@ -14,7 +14,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,7 +30,7 @@ static int margin;
 static void
 expect_within(int64_t t0, int limit_ms, const char *what)
 {
-    int64_t ms = fu_now_ms() - t0;
+    int64_t ms = th_now_ms() - t0;
 
     printf("stall_test: %s returned after %lld ms (limit %d)\n", what,
            (long long)ms, limit_ms + margin);
@@ -98,19 +97,19 @@ test_stopped_prompt(void **state)
         LLM_SUCCESS);
 
     stop_prompt();
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(
         llmdd_pull_kv_blocks(dd, &idx, &local, blocks, blocks, 4, NULL),
         LLM_TIMEOUT);
     expect_within(t0, WAIT_MS, "pull from a stopped prompt");
-    t0 = fu_now_ms();
+    t0 = th_now_ms();
     assert_int_equal(
         llmdd_push_kv_blocks(dd, &local, &idx, blocks, blocks, 4, NULL),
         LLM_TIMEOUT);
     expect_within(t0, WAIT_MS, "32 MiB push into a stopped prompt");
     /* A new cache id needs a QUERY, which the stopped prompt never answers. */
     idx.cache_id = big + 1000;
-    t0 = fu_now_ms();
+    t0 = th_now_ms();
     assert_int_equal(
         llmdd_pull_kv_blocks(dd, &idx, &local, blocks, blocks, 4, NULL),
         LLM_TIMEOUT);
@@ -133,23 +132,6 @@ test_stopped_prompt(void **state)
     llmdd_destroy(dd);
     assert_int_equal(th_proc_cmd(&p, "ping", NULL, 0), 0);
     assert_int_equal(th_proc_stop(&p), 0);
-}
-
-/* A listener on a free port; accepts happen in the test. */
-static int
-raw_listener(uint16_t *port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(fd, 16), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
-    *port = ntohs(a.sin_port);
-    return fd;
 }
 
 struct mute_server {
@@ -184,11 +166,11 @@ mute_link(int mode)
     uint16_t port;
     pthread_t t;
 
-    m.lfd = raw_listener(&port);
+    m.lfd = th_socket(true, &port); /* accepts happen in the test */
     assert_int_equal(pthread_create(&t, NULL, mute_main, &m), 0);
     assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_DECODER, &dd), LLM_SUCCESS);
     assert_int_equal(llmdd_initialize(dd, NULL, 0), LLM_SUCCESS);
-    int64_t t0 = fu_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(th_link(dd, PEER, "127.0.0.1", port, 500), LLM_TIMEOUT);
     expect_within(t0, 500, mode ? "link to a half-answering listener"
                                 : "link to a silent listener");

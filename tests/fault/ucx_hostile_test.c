@@ -75,12 +75,12 @@ typedef struct {
 static void
 progress_for(attacker *a, int ms, const int *until_count, int want)
 {
-    int64_t deadline = fu_now_ms() + ms;
+    int64_t deadline = th_now_ms() + ms;
 
-    while (fu_now_ms() < deadline &&
+    while (th_now_ms() < deadline &&
            (until_count == NULL || *until_count < want))
         if (ucp_worker_progress(a->w) == 0)
-            fu_sleep_ms(1);
+            th_sleep_ms(1);
 }
 
 static void

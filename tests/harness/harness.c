@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 uint64_t
@@ -142,8 +141,8 @@ th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
     return LLM_SUCCESS;
 }
 
-static llmdd_cluster_info
-cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip, uint16_t port)
+llmdd_cluster_info
+th_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip, uint16_t port)
 {
     memset(ipi, 0, sizeof(*ipi));
     snprintf(ipi->ip, sizeof(ipi->ip), "%s", ip);
@@ -159,7 +158,7 @@ llmdd_status
 th_link(llmdd *dd, uint64_t id, const char *ip, uint16_t port, int timeout_ms)
 {
     llmdd_ip_info ipi;
-    llmdd_cluster_info ci = cluster(id, &ipi, ip, port);
+    llmdd_cluster_info ci = th_cluster(id, &ipi, ip, port);
     llmdd_status ret = LLM_FAILED;
     llmdd_status st = llmdd_link_clusters(dd, &ci, 1, &ret, timeout_ms);
 
@@ -171,7 +170,7 @@ th_unlink(llmdd *dd, uint64_t id, const char *ip, uint16_t port, bool force,
           int timeout_ms)
 {
     llmdd_ip_info ipi;
-    llmdd_cluster_info ci = cluster(id, &ipi, ip, port);
+    llmdd_cluster_info ci = th_cluster(id, &ipi, ip, port);
     llmdd_status ret = LLM_FAILED;
 
     return llmdd_unlink_clusters(dd, &ci, 1, &ret, timeout_ms, force);
@@ -195,19 +194,9 @@ th_proc_start(th_proc *p, const char *const *wrapper, const char *const *args)
      * peer's stdin and keep it from ever seeing EOF (dup2 clears it). */
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
         return -1;
-    p->pid = fork();
+    p->pid = th_spawn(argv, (const int[3]){in[0], out[1], -1});
     if (p->pid < 0)
         return -1;
-    if (p->pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
     close(in[0]);
     close(out[1]);
     p->in = fdopen(in[1], "w");
@@ -266,17 +255,7 @@ th_proc_stop(th_proc *p)
     if (p->pid <= 0)
         return -1;
     /* stdin EOF makes it exit; do not wait forever on a stopped one. */
-    for (int i = 0; i < 500; i++) {
-        pid_t r = waitpid(p->pid, &status, WNOHANG);
-        if (r == p->pid) {
-            p->pid = 0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        }
-        struct timespec ts = {0, 10 * 1000000};
-        nanosleep(&ts, NULL);
-    }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, &status, 0);
+    int killed = th_wait(p->pid, 5000, &status);
     p->pid = 0;
-    return -1;
+    return killed == 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

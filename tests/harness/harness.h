@@ -17,6 +17,8 @@
 #include <cmocka.h>
 #include <llmdd/llmdd.h>
 
+#include "harness/proc.h"
+
 #define TH_SKIP 77 /* exit code CTest reports as skipped */
 
 /* `./test NAME` runs only the cases matching NAME (cmocka's glob filter). */
@@ -63,6 +65,9 @@ void th_peer_teardown(llmdd *dd, th_peer_caches *pc);
 llmdd_status th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
                             const llmdd_option *extra, size_t nextra);
 
+/* One address of a prompt cluster `id`; ipi is where the address lives. */
+llmdd_cluster_info th_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip,
+                              uint16_t port);
 llmdd_status th_link(llmdd *dd, uint64_t cluster, const char *ip,
                      uint16_t port, int timeout_ms);
 llmdd_status th_unlink(llmdd *dd, uint64_t cluster, const char *ip,

@@ -70,7 +70,7 @@ test_unlink_args(void **state)
     p = mp_peer_start(1, prompt_args);
     dd = mp_decoder(MP_SELF, NULL, 0);
     for (int i = 0; i < 17; i++)
-        ci[i] = mp_cluster(50 + (uint64_t)i, &ipi[i], MP_IP, p->port);
+        ci[i] = th_cluster(50 + (uint64_t)i, &ipi[i], MP_IP, p->port);
 
     /* Not linked: success, per cluster too. */
     rets[0] = LLM_FAILED;
@@ -85,7 +85,7 @@ test_unlink_args(void **state)
         assert_int_equal(rets[i], LLM_SUCCESS);
 
     assert_int_equal(th_link(dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);
-    llmdd_cluster_info one = mp_cluster(1, &ipi[0], MP_IP, p->port);
+    llmdd_cluster_info one = th_cluster(1, &ipi[0], MP_IP, p->port);
     assert_int_equal(llmdd_unlink_clusters(dd, &one, 1, rets, 0, false),
                      LLM_PARAM_INVALID);
     assert_int_equal(llmdd_unlink_clusters(dd, &one, 1, rets, -1, true),
@@ -104,12 +104,12 @@ test_unlink_args(void **state)
     assert_int_equal(llmdd_unlink_clusters(dd, &noaddr, 1, rets, 1000, false),
                      LLM_PARAM_INVALID);
     llmdd_ip_info two[2];
-    llmdd_cluster_info twoaddr = mp_cluster(1, &two[0], MP_IP, p->port);
+    llmdd_cluster_info twoaddr = th_cluster(1, &two[0], MP_IP, p->port);
     two[1] = two[0];
     twoaddr.num_remote_ip_infos = 2;
     assert_int_equal(llmdd_unlink_clusters(dd, &twoaddr, 1, rets, 1000, false),
                      LLM_PARAM_INVALID);
-    llmdd_cluster_info badip = mp_cluster(1, &none, "300.0.0.1", p->port);
+    llmdd_cluster_info badip = th_cluster(1, &none, "300.0.0.1", p->port);
     assert_int_equal(llmdd_unlink_clusters(dd, &badip, 1, rets, 1000, false),
                      LLM_PARAM_INVALID);
     /* None of that touched the link. */
@@ -132,13 +132,13 @@ test_link_args(void **state)
     llmdd_cluster_info ci[17];
     llmdd_status rets[17];
     uint16_t port;
-    int lfd = mp_socket(true, &port);
+    int lfd = th_socket(true, &port);
     llmdd *dd;
 
     (void)state;
     dd = mp_decoder(MP_SELF, NULL, 0);
     for (int i = 0; i < 17; i++)
-        ci[i] = mp_cluster(1 + (uint64_t)i, &ipi[i], MP_IP, port);
+        ci[i] = th_cluster(1 + (uint64_t)i, &ipi[i], MP_IP, port);
 
     assert_int_equal(llmdd_link_clusters(dd, ci, 1, rets, 0),
                      LLM_PARAM_INVALID);
@@ -161,7 +161,7 @@ test_link_args(void **state)
     c.remote_ip_infos = NULL;
     assert_int_equal(llmdd_link_clusters(dd, &c, 1, rets, 1000),
                      LLM_PARAM_INVALID);
-    c = mp_cluster(1, &two[0], MP_IP, port);
+    c = th_cluster(1, &two[0], MP_IP, port);
     two[1] = two[0];
     c.num_remote_ip_infos = 2;
     assert_int_equal(llmdd_link_clusters(dd, &c, 1, rets, 1000),
@@ -174,14 +174,14 @@ test_link_args(void **state)
     };
     for (size_t i = 0; i < sizeof(bad_ips) / sizeof(bad_ips[0]); i++) {
         llmdd_ip_info b;
-        c = mp_cluster(1, &b, bad_ips[i], port);
+        c = th_cluster(1, &b, bad_ips[i], port);
         if (llmdd_link_clusters(dd, &c, 1, rets, 1000) != LLM_PARAM_INVALID)
             fail_msg("ip \"%s\" accepted", bad_ips[i]);
     }
     /* One bad cluster rejects the whole call, before any connection. */
     llmdd_ip_info b;
     llmdd_cluster_info mixed[3] = {ci[0], ci[1],
-                                   mp_cluster(9, &b, "1.2.3.999", port)};
+                                   th_cluster(9, &b, "1.2.3.999", port)};
     assert_int_equal(llmdd_link_clusters(dd, mixed, 3, rets, 1000),
                      LLM_PARAM_INVALID);
 
@@ -195,23 +195,23 @@ static void
 test_link_refused_and_silent(void **state)
 {
     uint16_t closed_port, silent_port;
-    int cfd = mp_socket(false, &closed_port); /* bound, not listening */
-    int sfd = mp_socket(true, &silent_port);  /* listening, never answers */
+    int cfd = th_socket(false, &closed_port); /* bound, not listening */
+    int sfd = th_socket(true, &silent_port);  /* listening, never answers */
     llmdd *dd;
     int64_t t0, dt;
 
     (void)state;
     dd = mp_decoder(MP_SELF, NULL, 0);
-    t0 = mp_now_ms();
+    t0 = th_now_ms();
     assert_int_equal(th_link(dd, 1, MP_IP, closed_port, 5000),
                      LLM_LINK_FAILED);
-    dt = mp_now_ms() - t0;
+    dt = th_now_ms() - t0;
     if (dt > 1000)
         fail_msg("a refused link took %lld ms", (long long)dt);
 
-    t0 = mp_now_ms();
+    t0 = th_now_ms();
     assert_int_equal(th_link(dd, 1, MP_IP, silent_port, 500), LLM_TIMEOUT);
-    dt = mp_now_ms() - t0;
+    dt = th_now_ms() - t0;
     if (dt < 450 || dt > 1500)
         fail_msg("a 500 ms link timed out after %lld ms", (long long)dt);
     assert_true(mp_conn_pending(sfd)); /* it did get that far */
@@ -236,7 +236,7 @@ test_link_duplicate(void **state)
     p = mp_peer_start(1, prompt_args);
     dd = mp_decoder(MP_SELF, NULL, 0);
     assert_int_equal(th_link(dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);
-    ci[0] = mp_cluster(1, &ipi[0], MP_IP, p->port);
+    ci[0] = th_cluster(1, &ipi[0], MP_IP, p->port);
     rets[0] = LLM_FAILED;
     assert_int_equal(llmdd_link_clusters(dd, ci, 1, rets, 2000),
                      LLM_ALREADY_LINK);
@@ -246,7 +246,7 @@ test_link_duplicate(void **state)
     /* The same cluster twice in one call: one link, one refusal. */
     assert_int_equal(th_unlink(dd, 1, MP_IP, p->port, false, 2000),
                      LLM_SUCCESS);
-    ci[1] = mp_cluster(1, &ipi[1], MP_IP, p->port);
+    ci[1] = th_cluster(1, &ipi[1], MP_IP, p->port);
     assert_int_equal(llmdd_link_clusters(dd, ci, 2, rets, 2000),
                      LLM_ALREADY_LINK);
     assert_true((rets[0] == LLM_SUCCESS && rets[1] == LLM_ALREADY_LINK) ||
@@ -307,17 +307,17 @@ test_link_several_clusters(void **state)
     llmdd_cluster_info ci[5];
     llmdd_status rets[5];
     uint16_t closed;
-    int cfd = mp_socket(false, &closed);
+    int cfd = th_socket(false, &closed);
     llmdd *dd;
 
     (void)state;
     for (int i = 0; i < 3; i++)
         p[i] = mp_peer_start(11 + (uint64_t)i, prompt_args);
     dd = mp_decoder(MP_SELF, NULL, 0);
-    ci[0] = mp_cluster(11, &ipi[0], MP_IP, p[0]->port);
-    ci[1] = mp_cluster(14, &ipi[1], MP_IP, closed); /* refused */
-    ci[2] = mp_cluster(12, &ipi[2], MP_IP, p[1]->port);
-    ci[3] = mp_cluster(13, &ipi[3], MP_IP, p[2]->port);
+    ci[0] = th_cluster(11, &ipi[0], MP_IP, p[0]->port);
+    ci[1] = th_cluster(14, &ipi[1], MP_IP, closed); /* refused */
+    ci[2] = th_cluster(12, &ipi[2], MP_IP, p[1]->port);
+    ci[3] = th_cluster(13, &ipi[3], MP_IP, p[2]->port);
     for (int i = 0; i < 4; i++)
         rets[i] = LLM_FAILED;
     assert_int_equal(llmdd_link_clusters(dd, ci, 4, rets, 3000),

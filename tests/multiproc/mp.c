@@ -1,39 +1,17 @@
 #include "mp.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MP_MAX_PEERS 16
 
 static th_proc peers[MP_MAX_PEERS];
 static bool peer_used[MP_MAX_PEERS];
-
-int64_t
-mp_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void
-mp_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 th_proc *
 mp_peer_start(uint64_t cluster, const char *const *extra)
@@ -107,13 +85,13 @@ all_stopped(pid_t pid)
 void
 mp_peer_stop(th_proc *p)
 {
-    int64_t end = mp_now_ms() + 2000;
+    int64_t end = th_now_ms() + 2000;
 
     th_proc_kill(p, SIGSTOP);
     while (!all_stopped(p->pid)) {
-        if (mp_now_ms() > end)
+        if (th_now_ms() > end)
             fail_msg("peer %d did not stop", (int)p->pid);
-        mp_sleep_ms(1);
+        th_sleep_ms(1);
     }
 }
 
@@ -182,46 +160,29 @@ llmdd_status
 mp_wait_pull_status(llmdd *dd, uint64_t cluster, int64_t id,
                     llmdd_status want, int timeout_ms)
 {
-    int64_t end = mp_now_ms() + timeout_ms;
+    int64_t end = th_now_ms() + timeout_ms;
     llmdd_status st;
 
     for (;;) {
         st = mp_pull_status(dd, cluster, id);
-        if (st == want || mp_now_ms() >= end)
+        if (st == want || th_now_ms() >= end)
             return st;
-        mp_sleep_ms(10);
+        th_sleep_ms(10);
     }
 }
 
 llmdd_status
 mp_link_retry(llmdd *dd, uint64_t cluster, uint16_t port, int timeout_ms)
 {
-    int64_t end = mp_now_ms() + timeout_ms;
+    int64_t end = th_now_ms() + timeout_ms;
     llmdd_status st;
 
     for (;;) {
         st = th_link(dd, cluster, MP_IP, port, 2000);
-        if (st != LLM_ALREADY_LINK || mp_now_ms() >= end)
+        if (st != LLM_ALREADY_LINK || th_now_ms() >= end)
             return st;
-        mp_sleep_ms(10);
+        th_sleep_ms(10);
     }
-}
-
-int
-mp_socket(bool listen_too, uint16_t *port_out)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    if (listen_too)
-        assert_int_equal(listen(fd, 16), 0);
-    *port_out = ntohs(sa.sin_port);
-    return fd;
 }
 
 bool
@@ -236,17 +197,4 @@ mp_conn_pending(int lfd)
         return false;
     close(fd);
     return true;
-}
-
-llmdd_cluster_info
-mp_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip, uint16_t port)
-{
-    memset(ipi, 0, sizeof(*ipi));
-    snprintf(ipi->ip, sizeof(ipi->ip), "%s", ip);
-    ipi->port = port;
-    llmdd_cluster_info ci = {.remote_cluster_id = id,
-                             .remote_role_type = LLMDD_ROLE_PROMPT,
-                             .remote_ip_infos = ipi,
-                             .num_remote_ip_infos = 1};
-    return ci;
 }

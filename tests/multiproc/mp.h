@@ -1,9 +1,9 @@
 /*
  * Helpers shared by the multi-process tests: peer processes that are always
  * reaped (even when an assertion fails mid-test), pulls checked byte for
- * byte, bounded polling, and plain sockets that refuse or never answer.
- * Not thread-safe except where a comment says so; tests use them from the
- * main thread.
+ * byte, bounded polling, and whether a listening socket (th_socket) has a
+ * connection waiting. Not thread-safe except where a comment says so; tests
+ * use them from the main thread.
  */
 #ifndef LLMDD_TESTS_MP_H
 #define LLMDD_TESTS_MP_H
@@ -12,9 +12,6 @@
 
 #define MP_IP "127.0.0.1"
 #define MP_SELF 100 /* the decoder's cluster id in these tests */
-
-int64_t mp_now_ms(void); /* thread-safe */
-void mp_sleep_ms(int ms); /* thread-safe */
 
 /*
  * Starts peer_helper as cluster `cluster` with extra arguments
@@ -53,16 +50,7 @@ llmdd_status mp_wait_pull_status(llmdd *dd, uint64_t cluster, int64_t id,
 llmdd_status mp_link_retry(llmdd *dd, uint64_t cluster, uint16_t port,
                            int timeout_ms);
 
-/*
- * A TCP socket bound to 127.0.0.1 on a free port. With `listen` it accepts
- * connections into its backlog that nobody ever serves; without it, the port
- * refuses connections and nobody else can take it while fd is open.
- */
-int mp_socket(bool listen, uint16_t *port_out);
 /* Whether a connection is waiting in a listening socket's backlog. */
 bool mp_conn_pending(int lfd);
-
-llmdd_cluster_info mp_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip,
-                              uint16_t port);
 
 #endif

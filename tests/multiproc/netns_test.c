@@ -34,25 +34,14 @@ static volatile sig_atomic_t ns_made;
 static int
 run(const char *const *argv, bool quiet)
 {
-    pid_t pid = fork();
+    int null = quiet ? open("/dev/null", O_WRONLY | O_CLOEXEC) : -1;
+    pid_t pid = th_spawn(argv, (const int[3]){-1, null, null});
     int status;
 
-    if (pid < 0)
+    if (null >= 0)
+        close(null);
+    if (pid < 0 || th_wait(pid, -1, &status) != 0)
         return -1;
-    if (pid == 0) {
-        if (quiet) {
-            int fd = open("/dev/null", O_WRONLY);
-            if (fd >= 0) {
-                dup2(fd, 1);
-                dup2(fd, 2);
-            }
-        }
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

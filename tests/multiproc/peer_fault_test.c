@@ -88,7 +88,7 @@ big_pull_main(void *arg)
         llmdd_pull_kv_blocks(b->dd, &b->idx, &b->dst, all, all, 4, NULL);
     pthread_mutex_lock(&b->lock);
     b->st = st;
-    b->t_end = mp_now_ms();
+    b->t_end = th_now_ms();
     b->done = true;
     pthread_mutex_unlock(&b->lock);
     return NULL;
@@ -136,11 +136,11 @@ big_pull_start(big_pull *b, pthread_t *t)
         (volatile const uint8_t *)(uintptr_t)b->dst.tensor_addrs[0];
     volatile const uint8_t *t1 =
         (volatile const uint8_t *)(uintptr_t)b->dst.tensor_addrs[1];
-    b->t_start = mp_now_ms();
+    b->t_start = th_now_ms();
     assert_int_equal(pthread_create(t, NULL, big_pull_main, b), 0);
     /* Byte 0 of either tensor is nonzero in the pattern (th_byte). */
     while (t0[0] == 0 && t1[0] == 0 && !big_done(b) &&
-           mp_now_ms() - b->t_start < 5000)
+           th_now_ms() - b->t_start < 5000)
         sched_yield(); /* two cores are shared with the peer */
     return p;
 }
@@ -148,12 +148,12 @@ big_pull_start(big_pull *b, pthread_t *t)
 static void
 big_pull_end(big_pull *b, pthread_t t)
 {
-    int64_t end = mp_now_ms() + WAIT_MS + MARGIN_MS;
+    int64_t end = th_now_ms() + WAIT_MS + MARGIN_MS;
 
     /* Bounded: a pull past its wait time plus the margin is the failure
      * this test exists to catch, and must not hang the suite. */
-    while (!big_done(b) && mp_now_ms() < end)
-        mp_sleep_ms(5);
+    while (!big_done(b) && th_now_ms() < end)
+        th_sleep_ms(5);
     if (!big_done(b))
         fail_msg("the pull did not return within %d ms of its wait time",
                  MARGIN_MS);
@@ -174,7 +174,7 @@ assert_quiet_after_return(const llmdd_cache *c)
                    (const uint8_t *)(uintptr_t)c->tensor_addrs[t] +
                        size / N * (uint64_t)k,
                    LEN);
-    mp_sleep_ms(200);
+    th_sleep_ms(200);
     for (int t = 0; t < 2; t++)
         for (int k = 0; k < N; k++)
             assert_memory_equal(snap[t][k],
@@ -209,7 +209,7 @@ test_kill_mid_pull(void **state)
     if (big_done(&b))
         fail_msg("the big pull ended before the peer could be killed (%s)",
                  llmdd_status_str(b.st));
-    int64_t t_kill = mp_now_ms();
+    int64_t t_kill = th_now_ms();
     mp_peer_kill(p);
     big_pull_end(&b, t);
     fprintf(stderr, "# pull ended %lld ms after the kill (%s)\n",
@@ -281,9 +281,9 @@ test_stop_query_auto(void **state)
     assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
 
     mp_peer_stop(p);
-    int64_t t0 = mp_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(mp_pull_status(dd, 1, fresh), LLM_TIMEOUT);
-    int64_t dt = mp_now_ms() - t0;
+    int64_t dt = th_now_ms() - t0;
     if (dt < 900 || dt > 1000 + MARGIN_MS)
         fail_msg("a 1000 ms wait ended after %lld ms", (long long)dt);
 
@@ -307,10 +307,10 @@ test_unlink_stopped_peer(void **state)
     assert_int_equal(th_link(dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);
     mp_peer_stop(p);
 
-    int64_t t0 = mp_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(th_unlink(dd, 1, MP_IP, p->port, false, 500),
                      LLM_UNLINK_FAILED);
-    int64_t dt = mp_now_ms() - t0;
+    int64_t dt = th_now_ms() - t0;
     if (dt < 450 || dt > 500 + MARGIN_MS)
         fail_msg("a 500 ms unlink took %lld ms", (long long)dt);
     /* Gone locally all the same. */

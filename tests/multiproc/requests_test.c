@@ -155,7 +155,7 @@ test_peer_killed_with_requests_in_flight(void **state)
         assert_int_equal(llmdd_pull_kv_blocks_async(dd, &from, &local, &i, &i,
                                                     1, NULL, NULL, &req[i]),
                          LLM_SUCCESS);
-    int64_t t0 = mp_now_ms();
+    int64_t t0 = th_now_ms();
     mp_peer_kill(p);
     int ok = 0, failed = 0;
     for (int i = 0; i < N; i++) {
@@ -167,7 +167,7 @@ test_peer_killed_with_requests_in_flight(void **state)
             failed++;
         llmdd_request_free(req[i]);
     }
-    int64_t took = mp_now_ms() - t0;
+    int64_t took = th_now_ms() - t0;
     printf("peer killed (%s): %d done, %d failed, all ended in %lld ms\n",
            transport, ok, failed, (long long)took);
     assert_true(took < WAIT_MS + 2000);
@@ -223,7 +223,7 @@ test_cancel_latency(void **state)
                          LLM_SUCCESS);
         /* Let the transfer get going (not a synchronization: any point of
          * the request's life must cancel promptly). */
-        mp_sleep_ms(2 + r % 5);
+        th_sleep_ms(2 + r % 5);
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         assert_int_equal(llmdd_request_cancel(req), LLM_SUCCESS);
@@ -236,7 +236,7 @@ test_cancel_latency(void **state)
         /* Nothing writes after cancel returned: a marker stays put. */
         uint8_t *p0 = (uint8_t *)(uintptr_t)local.tensor_addrs[0];
         memset(p0, 0xEE, 4096);
-        mp_sleep_ms(5);
+        th_sleep_ms(5);
         for (int i = 0; i < 4096; i++)
             assert_int_equal(p0[i], 0xEE);
     }

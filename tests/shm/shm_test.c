@@ -35,15 +35,6 @@
 #define HEX32 "00112233445566778899aabbccddeeff"
 #define HEX32_2 "ffeeddccbbaa99887766554433221100"
 
-static int64_t
-now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static llmdd *
 self_new(const char *transport)
 {
@@ -300,16 +291,16 @@ test_unlink_then_dealloc(void **state)
         assert_int_equal(th_unlink(owner, SELF, "127.0.0.1", port, force != 0,
                                    2000),
                          LLM_SUCCESS);
-        int64_t t0 = now_ms();
+        int64_t t0 = th_now_ms();
         assert_int_equal(llmdd_deallocate_cache(owner, x.cache_id),
                          LLM_SUCCESS);
-        assert_true(now_ms() - t0 < 1000);
+        assert_true(th_now_ms() - t0 < 1000);
         /* The peer notices the link is gone (polled: it learns it from its
          * sockets, asynchronously). */
-        int64_t until = now_ms() + 3000;
+        int64_t until = th_now_ms() + 3000;
         llmdd_status st;
         while ((st = pull_all(dd, x.cache_id, &c)) != LLM_NOT_YET_LINK &&
-               now_ms() < until)
+               th_now_ms() < until)
             usleep(10000);
         assert_int_equal(st, LLM_NOT_YET_LINK);
         assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);

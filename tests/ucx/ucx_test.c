@@ -26,14 +26,6 @@ tls_is(const char *name)
     return tls != NULL && strcmp(tls, name) == 0;
 }
 
-static int64_t
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Peeks at a byte a transfer is writing: the race is the point. */
 __attribute__((no_sanitize("thread"))) static uint8_t
 peek(const uint8_t *p)
@@ -248,7 +240,7 @@ pull_main(void *arg)
     uint64_t all[] = {0, 1, 2, 3};
 
     j->st = llmdd_pull_kv_blocks(j->dd, &j->idx, j->dst, all, all, 4, NULL);
-    j->returned_ms = now_ms();
+    j->returned_ms = th_now_ms();
     __atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -270,7 +262,7 @@ test_peer_killed_mid_pull(void **state)
     const uint8_t *first = (const uint8_t *)(uintptr_t)local.tensor_addrs[0];
     struct pull_job j = {.dd = dd, .idx = {PEER, rid, 0}, .dst = &local};
 
-    int64_t start = now_ms();
+    int64_t start = th_now_ms();
     assert_int_equal(pthread_create(&th, NULL, pull_main, &j), 0);
     /* Bytes arriving in the destination: the pull is under way. */
     while (!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE) && peek(first) == 0) {
@@ -279,7 +271,7 @@ test_peer_killed_mid_pull(void **state)
     }
     bool killed_mid = !__atomic_load_n(&j.done, __ATOMIC_ACQUIRE);
     th_proc_kill(&p, SIGKILL);
-    int64_t killed_at = now_ms();
+    int64_t killed_at = th_now_ms();
     pthread_join(th, NULL);
     print_message("pull returned %s %lld ms after the kill (%s)\n",
                   llmdd_status_str(j.st),
@@ -305,14 +297,12 @@ test_peer_killed_mid_pull(void **state)
     /* The instance stays usable and links again. */
     peer_start(&p2, "ucx");
     llmdd_status st;
-    int64_t until = now_ms() + 5000;
+    int64_t until = th_now_ms() + 5000;
     /* The dead link leaves the table once the control thread saw EOF. */
     while ((st = th_link(dd, PEER, "127.0.0.1", p2.port, 5000)) ==
                LLM_ALREADY_LINK &&
-           now_ms() < until) {
-        struct timespec ts = {0, 10 * 1000000};
-        nanosleep(&ts, NULL);
-    }
+           th_now_ms() < until)
+        th_sleep_ms(10);
     assert_int_equal(st, LLM_SUCCESS);
     pull_small_ok(dd, &p2);
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
@@ -352,9 +342,9 @@ test_timeout_leaves_buffers_alone(void **state)
     memset((void *)(uintptr_t)local.tensor_addrs[1], 0, 64);
 
     set_wait(dd, 20);
-    int64_t start = now_ms();
+    int64_t start = th_now_ms();
     llmdd_status st = llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL);
-    int64_t took = now_ms() - start;
+    int64_t took = th_now_ms() - start;
     print_message("128 MiB pull with a 20 ms wait: %s after %lld ms\n",
                   llmdd_status_str(st), (long long)took);
     assert_true(took <= 20 + 1000);
@@ -368,8 +358,7 @@ test_timeout_leaves_buffers_alone(void **state)
         assert_non_null(snap);
         memcpy(snap, (void *)(uintptr_t)local.tensor_addrs[0], len);
         memcpy(snap + len, (void *)(uintptr_t)local.tensor_addrs[1], len);
-        struct timespec ts = {0, 300 * 1000000};
-        nanosleep(&ts, NULL);
+        th_sleep_ms(300);
         assert_memory_equal(snap, (void *)(uintptr_t)local.tensor_addrs[0],
                             len);
         assert_memory_equal(snap + len,

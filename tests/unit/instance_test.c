@@ -22,21 +22,6 @@
 
 /* ---- Helpers. ---- */
 
-static uint16_t
-unused_port(void)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    assert_true(fd >= 0);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static bool
 port_open(uint16_t port)
 {
@@ -49,13 +34,6 @@ port_open(uint16_t port)
     bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
     close(fd);
     return ok;
-}
-
-static void
-sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static bool
@@ -265,7 +243,7 @@ static void
 test_initialize_twice(void **state)
 {
     char addr[32];
-    uint16_t port = unused_port();
+    uint16_t port = th_free_port();
     llmdd *dd;
 
     (void)state;
@@ -363,7 +341,7 @@ test_destroy(void **state)
         st = llmdd_pull_kv_cache(b, &idx, &local, 0, -1, NULL);
         if (st == LLM_NOT_YET_LINK)
             break;
-        sleep_ms(10);
+        th_sleep_ms(10);
     }
     assert_int_equal(st, LLM_NOT_YET_LINK);
     llmdd_destroy(b);
@@ -414,7 +392,7 @@ test_set_role_with_links(void **state)
         st = llmdd_set_role(t->p, LLMDD_ROLE_PROMPT, NULL, 0);
         if (st != LLM_EXIST_LINK)
             break;
-        sleep_ms(10);
+        th_sleep_ms(10);
     }
     assert_int_equal(st, LLM_SUCCESS);
 }
@@ -423,7 +401,7 @@ static void
 test_set_role_listen(void **state)
 {
     char addr[32];
-    uint16_t port = unused_port();
+    uint16_t port = th_free_port();
     llmdd *x, *y;
     llmdd_status st;
 
@@ -447,7 +425,7 @@ test_set_role_listen(void **state)
         st = llmdd_set_role(x, LLMDD_ROLE_PROMPT, &listen, 1);
         if (st != LLM_EXIST_LINK)
             break;
-        sleep_ms(10);
+        th_sleep_ms(10);
     }
     assert_int_equal(st, LLM_SUCCESS); /* restarted on the same address */
     assert_int_equal(th_link(y, 10, "127.0.0.1", port, 2000), LLM_SUCCESS);
@@ -460,7 +438,7 @@ test_set_role_listen(void **state)
         st = llmdd_set_role(x, LLMDD_ROLE_DECODER, &bad, 1);
         if (st != LLM_EXIST_LINK)
             break;
-        sleep_ms(10);
+        th_sleep_ms(10);
     }
     assert_int_equal(st, LLM_PARAM_INVALID);
     assert_true(port_open(port));
