@@ -275,8 +275,7 @@ test_out_of_fds_no_spin(void **state)
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
     int64_t c0 = cpu_ms(), t0 = th_now_ms();
-    struct timespec half = {0, 500 * 1000000L};
-    nanosleep(&half, NULL); /* the window measured, not a synchronization */
+    th_sleep_ms(500); /* the window measured, not a synchronization */
     int64_t cpu = cpu_ms() - c0, wall = th_now_ms() - t0;
     printf("out of fds: %lld ms of CPU in %lld ms\n", (long long)cpu,
            (long long)wall);

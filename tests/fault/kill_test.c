@@ -58,13 +58,9 @@ setup(void **state)
 static void
 relink(llmdd *dd, uint16_t port)
 {
-    int64_t deadline = th_now_ms() + 2000 * FU_SLOW;
-    llmdd_status st;
+    llmdd_status st =
+        th_link_retry(dd, PEER, "127.0.0.1", port, 2000 * FU_SLOW);
 
-    while ((st = th_link(dd, PEER, "127.0.0.1", port, 2000)) ==
-               LLM_ALREADY_LINK &&
-           th_now_ms() < deadline)
-        th_sleep_ms(10);
     if (st != LLM_SUCCESS)
         fail_msg("link to the new prompt: %s", llmdd_status_str(st));
 }

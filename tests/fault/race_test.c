@@ -186,13 +186,9 @@ decoder_start(void)
 static void
 relink(llmdd *dd, uint16_t port)
 {
-    int64_t deadline = th_now_ms() + 2000 * FU_SLOW;
-    llmdd_status st;
+    llmdd_status st =
+        th_link_retry(dd, PEER, "127.0.0.1", port, 2000 * FU_SLOW);
 
-    while ((st = th_link(dd, PEER, "127.0.0.1", port, 2000)) ==
-               LLM_ALREADY_LINK &&
-           th_now_ms() < deadline)
-        th_sleep_ms(5);
     if (st != LLM_SUCCESS)
         fail_msg("link again: %s", llmdd_status_str(st));
 }

@@ -166,6 +166,19 @@ th_link(llmdd *dd, uint64_t id, const char *ip, uint16_t port, int timeout_ms)
 }
 
 llmdd_status
+th_link_retry(llmdd *dd, uint64_t id, const char *ip, uint16_t port,
+              int timeout_ms)
+{
+    int64_t end = th_now_ms() + timeout_ms;
+    llmdd_status st;
+
+    while ((st = th_link(dd, id, ip, port, timeout_ms)) == LLM_ALREADY_LINK &&
+           th_now_ms() < end)
+        th_sleep_ms(5);
+    return st;
+}
+
+llmdd_status
 th_unlink(llmdd *dd, uint64_t id, const char *ip, uint16_t port, bool force,
           int timeout_ms)
 {

@@ -70,6 +70,12 @@ llmdd_cluster_info th_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip,
                               uint16_t port);
 llmdd_status th_link(llmdd *dd, uint64_t cluster, const char *ip,
                      uint16_t port, int timeout_ms);
+/*
+ * th_link, again while it says LLM_ALREADY_LINK (a link just lost is still
+ * being dropped) until timeout_ms passes; each try may take timeout_ms.
+ */
+llmdd_status th_link_retry(llmdd *dd, uint64_t cluster, const char *ip,
+                           uint16_t port, int timeout_ms);
 llmdd_status th_unlink(llmdd *dd, uint64_t cluster, const char *ip,
                        uint16_t port, bool force, int timeout_ms);
 

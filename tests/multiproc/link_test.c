@@ -48,7 +48,7 @@ test_link_pull_unlink_relink(void **state)
     assert_int_equal(th_unlink(dd, 1, MP_IP, p->port, true, 2000),
                      LLM_SUCCESS);
     assert_int_equal(mp_pull_status(dd, 1, p->ids.kv), LLM_NOT_YET_LINK);
-    assert_int_equal(mp_link_retry(dd, 1, p->port, 2000), LLM_SUCCESS);
+    assert_int_equal(th_link_retry(dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);
     assert_int_equal(mp_pull_check(dd, 1, p->ids.reg, 2), LLM_SUCCESS);
 
     /* The peer is still fine and answers its pipe. */

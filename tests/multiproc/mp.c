@@ -171,20 +171,6 @@ mp_wait_pull_status(llmdd *dd, uint64_t cluster, int64_t id,
     }
 }
 
-llmdd_status
-mp_link_retry(llmdd *dd, uint64_t cluster, uint16_t port, int timeout_ms)
-{
-    int64_t end = th_now_ms() + timeout_ms;
-    llmdd_status st;
-
-    for (;;) {
-        st = th_link(dd, cluster, MP_IP, port, 2000);
-        if (st != LLM_ALREADY_LINK || th_now_ms() >= end)
-            return st;
-        th_sleep_ms(10);
-    }
-}
-
 bool
 mp_conn_pending(int lfd)
 {

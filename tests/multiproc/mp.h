@@ -46,9 +46,6 @@ llmdd_status mp_pull_status(llmdd *dd, uint64_t cluster, int64_t id);
 /* Repeats mp_pull_status until it returns `want` or timeout_ms passes. */
 llmdd_status mp_wait_pull_status(llmdd *dd, uint64_t cluster, int64_t id,
                                  llmdd_status want, int timeout_ms);
-/* Links, retrying while the peer still holds a link it has not dropped. */
-llmdd_status mp_link_retry(llmdd *dd, uint64_t cluster, uint16_t port,
-                           int timeout_ms);
 
 /* Whether a connection is waiting in a listening socket's backlog. */
 bool mp_conn_pending(int lfd);

@@ -190,7 +190,7 @@ relink_fresh_peer(llmdd *dd)
                                        "tcp", NULL};
     th_proc *p = mp_peer_start(1, args);
 
-    assert_int_equal(mp_link_retry(dd, 1, p->port, 3000), LLM_SUCCESS);
+    assert_int_equal(th_link_retry(dd, 1, MP_IP, p->port, 3000), LLM_SUCCESS);
     assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
     assert_int_equal(mp_pull_check(dd, 1, p->ids.reg, 2), LLM_SUCCESS);
     assert_int_equal(th_proc_stop(p), 0);
@@ -319,7 +319,7 @@ test_unlink_stopped_peer(void **state)
     /* Resumed, the peer finds the UNLINK (or the close) and drops its
      * side, so linking again works. */
     th_proc_kill(p, SIGCONT);
-    assert_int_equal(mp_link_retry(dd, 1, p->port, 3000), LLM_SUCCESS);
+    assert_int_equal(th_link_retry(dd, 1, MP_IP, p->port, 3000), LLM_SUCCESS);
     assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
     llmdd_destroy(dd);
     assert_int_equal(th_proc_stop(p), 0);

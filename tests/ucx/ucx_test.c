@@ -296,14 +296,9 @@ test_peer_killed_mid_pull(void **state)
 
     /* The instance stays usable and links again. */
     peer_start(&p2, "ucx");
-    llmdd_status st;
-    int64_t until = th_now_ms() + 5000;
     /* The dead link leaves the table once the control thread saw EOF. */
-    while ((st = th_link(dd, PEER, "127.0.0.1", p2.port, 5000)) ==
-               LLM_ALREADY_LINK &&
-           th_now_ms() < until)
-        th_sleep_ms(10);
-    assert_int_equal(st, LLM_SUCCESS);
+    assert_int_equal(th_link_retry(dd, PEER, "127.0.0.1", p2.port, 5000),
+                     LLM_SUCCESS);
     pull_small_ok(dd, &p2);
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
     llmdd_destroy(dd);
