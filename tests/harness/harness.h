@@ -1,8 +1,9 @@
 /*
  * The shared test harness: deterministic cache contents, the standard cache
  * layouts, listening on a free port, linking, and peer processes
- * (peer_helper) driven over a pipe. Not thread-safe; tests use it from their
- * main thread.
+ * (peer_helper) driven over a pipe. The process and time helpers beneath
+ * them, which every test directory uses, are in proc.h. Not thread-safe;
+ * tests use it from their main thread.
  */
 #ifndef LLMDD_TESTS_HARNESS_H
 #define LLMDD_TESTS_HARNESS_H
