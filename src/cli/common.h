@@ -1,8 +1,10 @@
 /*
- * Shared pieces of the llmdd tool: argument parsing, model shapes, the
- * deterministic fill and its checksum, error reporting, and the nodes (a
- * prompt or decoder instance in a child process or a thread) that demo and
- * bench drive over pipes. The tool uses only the public API.
+ * Shared pieces of the llmdd tool: error reporting and formatting
+ * (messages.c), argument parsing and the library options (args.c), model
+ * shapes (shape.c), the deterministic fill and its checksum (fill.c), and
+ * the nodes (a prompt or decoder instance in a child process or a thread)
+ * that demo and bench drive over pipes (node.c). The tool uses only the
+ * public API.
  *
  * Thread safety: the parsers, the fill and the checksum are pure and
  * thread-safe. cli_err* write one line at a time. Nodes are started and
