@@ -232,6 +232,39 @@ err:
     return false;
 }
 
+/* "a, b or c" (last " or ") or "a, b, c" (last ", "). */
+static const char *
+ca_join(char *buf, size_t cap, const char *const *names, size_t n,
+        const char *last)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s",
+                                i == 0       ? ""
+                                : i + 1 == n ? last
+                                             : ", ",
+                                names[i]);
+    return buf;
+}
+
+int
+cli_parse_choice(const char *flag, const char *s, const char *const *names,
+                 size_t n, int *out)
+{
+    char list[256];
+
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (int)i;
+            return 0;
+        }
+    }
+    return cli_usage_err("%s: \"%s\" is not %s", flag, s,
+                         ca_join(list, sizeof(list), names, n, " or "));
+}
+
 /* ---- Library options. ---- */
 
 void
@@ -271,13 +304,16 @@ bool
 cli_set_transport(cli_lib_opts *lo, const char *name)
 {
     static const char *const known[] = {"auto", "loop", "shm", "tcp", "ucx"};
+    size_t n = sizeof(known) / sizeof(known[0]);
+    char list[64];
     bool ok = false;
 
-    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+    for (size_t i = 0; i < n; i++)
         if (strcmp(name, known[i]) == 0)
             ok = true;
     if (!ok) {
-        cli_err("unknown transport \"%s\" (auto, loop, shm, tcp, ucx)", name);
+        cli_err("unknown transport \"%s\" (%s)", name,
+                ca_join(list, sizeof(list), known, n, ", "));
         return false;
     }
     if (strcmp(name, "auto") != 0 && !cli_transport_built(name)) {
@@ -419,4 +455,125 @@ cli_memory_fits(uint64_t bytes, const char *hint)
             cli_fmt_bytes(need, sizeof(need), bytes),
             cli_fmt_bytes(have, sizeof(have), (uint64_t)phys), hint);
     return false;
+}
+
+/* ---- The command line. ---- */
+
+#define CA_MAX_LONGOPTS 64
+
+static const struct option ca_lib_longopts[] = {
+    {"transport", required_argument, NULL, 't'},
+    {"option", required_argument, NULL, 'o'},
+};
+static const struct option ca_shape_longopts[] = {CLI_SHAPE_LONGOPTS};
+static const struct option ca_seed_longopt = {"seed", required_argument, NULL,
+                                              CLI_OPT_SEED};
+static const struct option ca_timeout_longopt = {"timeout", required_argument,
+                                                 NULL, CLI_OPT_TIMEOUT};
+static const struct option ca_help_longopt = {"help", no_argument, NULL, 'h'};
+
+/* Whether opt is a shared option `a` takes; if so *rc is 0 once applied,
+ * else an exit code after a message. */
+static bool
+ca_shared(const cli_args *a, int opt, const char *arg, int *rc)
+{
+    uint32_t v;
+    int k;
+
+    *rc = 0;
+    switch (opt) {
+    case 't':
+        if (a->lo == NULL)
+            return false;
+        if (!cli_set_transport(a->lo, arg))
+            *rc = CLI_EXIT_USAGE;
+        else if (a->transport_set != NULL)
+            *a->transport_set = true;
+        return true;
+    case 'o':
+        if (a->lo == NULL)
+            return false;
+        if (!cli_add_option(a->lo, arg))
+            *rc = cli_usage_err("-o wants KEY=VALUE, got \"%s\"", arg);
+        return true;
+    case CLI_OPT_SEED:
+        if (a->seed == NULL)
+            return false;
+        if (!cli_parse_u32(arg, 0, UINT32_MAX, a->seed))
+            *rc = cli_usage_err("--seed: bad number \"%s\"", arg);
+        return true;
+    case CLI_OPT_TIMEOUT:
+        if (a->timeout_ms == NULL)
+            return false;
+        if (!cli_parse_u32(arg, 1, 3600000, &v))
+            *rc = cli_usage_err("--timeout: bad milliseconds \"%s\"", arg);
+        else
+            *a->timeout_ms = (int)v;
+        return true;
+    default:
+        if (a->shape == NULL)
+            return false;
+        k = cli_shape_opt(a->shape, opt == 'm' ? CLI_OPT_MODEL : opt, arg);
+        if (k < 0)
+            *rc = CLI_EXIT_USAGE;
+        return k != 0;
+    }
+}
+
+int
+cli_args_parse(const cli_args *a, const struct option *own, const char *shorts,
+               cli_own_fn own_fn, void *ctx, int argc, char **argv)
+{
+    struct option longopts[CA_MAX_LONGOPTS];
+    char shortopts[64] = "h";
+    size_t n = 0;
+    int opt, rc;
+
+    /* The subcommand's own options come first: pull's --layers is a
+     * range, not the shape's count that demo and serve take. */
+    for (; own != NULL && own[n].name != NULL; n++) {
+        if (n + 16 > CA_MAX_LONGOPTS) {
+            cli_err("internal error: too many options");
+            return CLI_EXIT_FAIL;
+        }
+        longopts[n] = own[n];
+    }
+    longopts[n++] = ca_help_longopt;
+    if (a->lo != NULL) {
+        memcpy(longopts + n, ca_lib_longopts, sizeof(ca_lib_longopts));
+        n += sizeof(ca_lib_longopts) / sizeof(ca_lib_longopts[0]);
+        strcat(shortopts, "t:o:");
+    }
+    if (a->shape != NULL) {
+        memcpy(longopts + n, ca_shape_longopts, sizeof(ca_shape_longopts));
+        n += sizeof(ca_shape_longopts) / sizeof(ca_shape_longopts[0]);
+        strcat(shortopts, "m:");
+    }
+    if (a->seed != NULL)
+        longopts[n++] = ca_seed_longopt;
+    if (a->timeout_ms != NULL)
+        longopts[n++] = ca_timeout_longopt;
+    longopts[n] = (struct option){NULL, 0, NULL, 0};
+    if (shorts != NULL)
+        strncat(shortopts, shorts, sizeof(shortopts) - strlen(shortopts) - 1);
+
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (opt == 'h') {
+            fputs(a->usage, stdout);
+            return -1;
+        }
+        if (ca_shared(a, opt, optarg, &rc)) {
+            if (rc != 0)
+                return rc;
+            continue;
+        }
+        /* '?': getopt_long has said what is wrong. */
+        if (opt == '?' || opt == ':' || own_fn == NULL)
+            return cli_usage_err("bad option");
+        if ((rc = own_fn(ctx, opt, optarg)) != 0)
+            return rc;
+    }
+    if (optind < argc)
+        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    return 0;
 }

@@ -206,32 +206,127 @@ bench_memory_ok(bench_cfg *cfg)
                            "--decoders");
 }
 
+enum {
+    OPT_OP = CLI_OPT_FIRST_FREE,
+    OPT_BLOCK_SIZE,
+    OPT_BLOCKS,
+    OPT_DECODERS,
+    OPT_ITERS,
+    OPT_WARMUP,
+    OPT_TOTAL,
+    OPT_REGISTER,
+    OPT_BASELINE,
+    OPT_JSON,
+    OPT_CSV,
+    OPT_PLOT,
+    OPT_NO_PROGRESS,
+    OPT_MIN_TIME,
+    OPT_NO_POOL,
+    OPT_INFLIGHT,
+    OPT_NUM_LAYERS,
+    OPT_COMPUTE_US,
+};
+
+static int
+bench_opt(void *ctx, int opt, const char *arg)
+{
+    bench_cfg *c = ctx;
+    uint32_t v;
+
+    switch (opt) {
+    case OPT_OP:
+        return cli_parse_choice("--op", arg, bench_ops, BOP_N, &c->op);
+    case OPT_BLOCK_SIZE:
+        c->block_set = true;
+        if (!cli_parse_range(arg, true, &c->bmin, &c->bmax) || c->bmin == 0 ||
+            c->bmax > (64ull << 30))
+            return cli_usage_err("--block-size: \"%s\" is not MIN:MAX "
+                                 "with 1 <= MIN <= MAX <= 64G",
+                                 arg);
+        if (c->bmin != c->bmax &&
+            ((c->bmin & (c->bmin - 1)) != 0 || (c->bmax & (c->bmax - 1)) != 0))
+            return cli_usage_err("--block-size: a sweep's MIN and MAX "
+                                 "must be powers of two");
+        break;
+    case OPT_BLOCKS:
+        if (!cli_parse_u32(arg, 1, BENCH_MAX_BLOCKS, &c->blocks))
+            return cli_usage_err("--blocks: want 1..%u, got \"%s\"",
+                                 BENCH_MAX_BLOCKS, arg);
+        break;
+    case OPT_DECODERS:
+        if (!cli_parse_u32(arg, 1, BENCH_MAX_DECODERS, &c->decoders))
+            return cli_usage_err("--decoders: want 1..%d, got \"%s\"",
+                                 BENCH_MAX_DECODERS, arg);
+        break;
+    case OPT_ITERS:
+        if (!cli_parse_u32(arg, 1, BENCH_MAX_ITERS, &c->iters))
+            return cli_usage_err("--iters: want 1..%u, got \"%s\"",
+                                 BENCH_MAX_ITERS, arg);
+        break;
+    case OPT_WARMUP:
+        if (!cli_parse_u32(arg, 0, BENCH_MAX_ITERS, &c->warmup))
+            return cli_usage_err("--warmup: want 0..%u, got \"%s\"",
+                                 BENCH_MAX_ITERS, arg);
+        c->warmup_set = true;
+        break;
+    case OPT_TOTAL:
+        if (!cli_parse_size(arg, &c->total) || c->total == 0)
+            return cli_usage_err("--total-size: bad size \"%s\"", arg);
+        break;
+    case OPT_REGISTER:
+        c->reg = true;
+        break;
+    case OPT_BASELINE:
+        return cli_parse_choice("--baseline", arg, bench_bases, BASE_N,
+                                &c->baseline);
+    case OPT_JSON:
+        c->json = arg;
+        break;
+    case OPT_CSV:
+        c->csv = arg;
+        break;
+    case OPT_PLOT:
+        c->plot = arg;
+        break;
+    case OPT_NO_PROGRESS:
+        c->progress = false;
+        break;
+    case OPT_NO_POOL:
+        c->no_pool = true;
+        break;
+    case OPT_NUM_LAYERS:
+        if (!cli_parse_u32(arg, 1, 1024, &c->num_layers))
+            return cli_usage_err("--num-layers: want 1..1024, got \"%s\"", arg);
+        c->num_layers_set = true;
+        break;
+    case OPT_COMPUTE_US:
+        if (!cli_parse_u32(arg, 0, 10000000, &v))
+            return cli_usage_err("--compute-us: want 0..10000000, got "
+                                 "\"%s\"",
+                                 arg);
+        c->compute_ns = (int64_t)v * 1000;
+        break;
+    case OPT_INFLIGHT:
+        if (!cli_parse_u32(arg, 1, BENCH_MAX_INFLIGHT, &c->inflight))
+            return cli_usage_err("--inflight: want 1..%u, got \"%s\"",
+                                 BENCH_MAX_INFLIGHT, arg);
+        break;
+    case OPT_MIN_TIME:
+        if (!cli_parse_u32(arg, 1, 3600000, &c->min_time_ms))
+            return cli_usage_err("--min-time: bad milliseconds \"%s\"", arg);
+        break;
+    default:
+        return cli_usage_err("bad option");
+    }
+    return 0;
+}
+
+/* Returns 0, -1 after --help, or an exit code after a message. */
 static int
 bench_parse(bench_cfg *cfg, int argc, char **argv)
 {
-    enum {
-        OPT_OP = CLI_OPT_FIRST_FREE,
-        OPT_BLOCK_SIZE,
-        OPT_BLOCKS,
-        OPT_DECODERS,
-        OPT_ITERS,
-        OPT_WARMUP,
-        OPT_TOTAL,
-        OPT_REGISTER,
-        OPT_BASELINE,
-        OPT_JSON,
-        OPT_CSV,
-        OPT_PLOT,
-        OPT_NO_PROGRESS,
-        OPT_MIN_TIME,
-        OPT_NO_POOL,
-        OPT_INFLIGHT,
-        OPT_NUM_LAYERS,
-        OPT_COMPUTE_US,
-    };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, OPT_OP},
-        {"transport", required_argument, NULL, 't'},
         {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
         {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"decoders", required_argument, NULL, OPT_DECODERS},
@@ -249,139 +344,16 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"inflight", required_argument, NULL, OPT_INFLIGHT},
         {"num-layers", required_argument, NULL, OPT_NUM_LAYERS},
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
-        {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
-        {"option", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    uint32_t v;
-    int opt;
-    bool found;
+    const cli_args a = {.usage = bench_usage,
+                        .lo = &cfg->lo,
+                        .transport_set = &cfg->transport_set,
+                        .timeout_ms = &cfg->timeout_ms};
+    int rc = cli_args_parse(&a, longopts, NULL, bench_opt, cfg, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "t:o:h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            fputs(bench_usage, stdout);
-            return -1;
-        case OPT_OP:
-            found = false;
-            for (int i = 0; i < BOP_N; i++)
-                if (strcmp(optarg, bench_ops[i]) == 0)
-                    cfg->op = i, found = true;
-            if (!found)
-                return cli_usage_err("--op: \"%s\" is not pull, push, "
-                                     "pull-blocks, link or layerwise",
-                                     optarg);
-            break;
-        case 't':
-            if (!cli_set_transport(&cfg->lo, optarg))
-                return CLI_EXIT_USAGE;
-            cfg->transport_set = true;
-            break;
-        case OPT_BLOCK_SIZE:
-            cfg->block_set = true;
-            if (!cli_parse_range(optarg, true, &cfg->bmin, &cfg->bmax) ||
-                cfg->bmin == 0 || cfg->bmax > (64ull << 30))
-                return cli_usage_err("--block-size: \"%s\" is not MIN:MAX "
-                                     "with 1 <= MIN <= MAX <= 64G",
-                                     optarg);
-            if (cfg->bmin != cfg->bmax && ((cfg->bmin & (cfg->bmin - 1)) != 0 ||
-                                           (cfg->bmax & (cfg->bmax - 1)) != 0))
-                return cli_usage_err("--block-size: a sweep's MIN and MAX "
-                                     "must be powers of two");
-            break;
-        case OPT_BLOCKS:
-            if (!cli_parse_u32(optarg, 1, BENCH_MAX_BLOCKS, &cfg->blocks))
-                return cli_usage_err("--blocks: want 1..%u, got \"%s\"",
-                                     BENCH_MAX_BLOCKS, optarg);
-            break;
-        case OPT_DECODERS:
-            if (!cli_parse_u32(optarg, 1, BENCH_MAX_DECODERS, &cfg->decoders))
-                return cli_usage_err("--decoders: want 1..%d, got \"%s\"",
-                                     BENCH_MAX_DECODERS, optarg);
-            break;
-        case OPT_ITERS:
-            if (!cli_parse_u32(optarg, 1, BENCH_MAX_ITERS, &cfg->iters))
-                return cli_usage_err("--iters: want 1..%u, got \"%s\"",
-                                     BENCH_MAX_ITERS, optarg);
-            break;
-        case OPT_WARMUP:
-            if (!cli_parse_u32(optarg, 0, BENCH_MAX_ITERS, &cfg->warmup))
-                return cli_usage_err("--warmup: want 0..%u, got \"%s\"",
-                                     BENCH_MAX_ITERS, optarg);
-            cfg->warmup_set = true;
-            break;
-        case OPT_TOTAL:
-            if (!cli_parse_size(optarg, &cfg->total) || cfg->total == 0)
-                return cli_usage_err("--total-size: bad size \"%s\"", optarg);
-            break;
-        case OPT_REGISTER:
-            cfg->reg = true;
-            break;
-        case OPT_BASELINE:
-            found = false;
-            for (int i = 0; i < 4; i++)
-                if (strcmp(optarg, bench_bases[i]) == 0)
-                    cfg->baseline = i, found = true;
-            if (!found)
-                return cli_usage_err("--baseline: \"%s\" is not auto, "
-                                     "memcpy, tcp or none",
-                                     optarg);
-            break;
-        case OPT_JSON:
-            cfg->json = optarg;
-            break;
-        case OPT_CSV:
-            cfg->csv = optarg;
-            break;
-        case OPT_PLOT:
-            cfg->plot = optarg;
-            break;
-        case OPT_NO_PROGRESS:
-            cfg->progress = false;
-            break;
-        case OPT_NO_POOL:
-            cfg->no_pool = true;
-            break;
-        case OPT_NUM_LAYERS:
-            if (!cli_parse_u32(optarg, 1, 1024, &cfg->num_layers))
-                return cli_usage_err("--num-layers: want 1..1024, got \"%s\"",
-                                     optarg);
-            cfg->num_layers_set = true;
-            break;
-        case OPT_COMPUTE_US:
-            if (!cli_parse_u32(optarg, 0, 10000000, &v))
-                return cli_usage_err("--compute-us: want 0..10000000, got "
-                                     "\"%s\"",
-                                     optarg);
-            cfg->compute_ns = (int64_t)v * 1000;
-            break;
-        case OPT_INFLIGHT:
-            if (!cli_parse_u32(optarg, 1, BENCH_MAX_INFLIGHT, &cfg->inflight))
-                return cli_usage_err("--inflight: want 1..%u, got \"%s\"",
-                                     BENCH_MAX_INFLIGHT, optarg);
-            break;
-        case OPT_MIN_TIME:
-            if (!cli_parse_u32(optarg, 1, 3600000, &cfg->min_time_ms))
-                return cli_usage_err("--min-time: bad milliseconds \"%s\"",
-                                     optarg);
-            break;
-        case CLI_OPT_TIMEOUT:
-            if (!cli_parse_u32(optarg, 1, 3600000, &v))
-                return cli_usage_err("--timeout: bad milliseconds \"%s\"",
-                                     optarg);
-            cfg->timeout_ms = (int)v;
-            break;
-        case 'o':
-            if (!cli_add_option(&cfg->lo, optarg))
-                return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
-            break;
-        default:
-            return cli_usage_err("bad option");
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    if (rc != 0)
+        return rc;
     if (cfg->blocks == 0)
         cfg->blocks = cfg->op == BOP_PULL_BLOCKS ? 64 : 1;
     if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)

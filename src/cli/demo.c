@@ -475,60 +475,19 @@ demo_print(const demo_row *rows, size_t n)
 static int
 demo_parse(demo_cfg *cfg, int argc, char **argv)
 {
-    enum { OPT_SEED = CLI_OPT_FIRST_FREE };
     static const struct option longopts[] = {
-        {"transport", required_argument, NULL, 't'},
-        {"option", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
         {"layers", required_argument, NULL, CLI_OPT_LAYERS},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
-        CLI_SHAPE_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    int opt;
+    const cli_args a = {.usage = demo_usage,
+                        .lo = &cfg->lo,
+                        .shape = &cfg->shape,
+                        .seed = &cfg->seed,
+                        .timeout_ms = &cfg->timeout_ms};
+    int rc = cli_args_parse(&a, longopts, NULL, NULL, NULL, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "t:o:m:h", longopts, NULL)) != -1) {
-        uint32_t v;
-        int k;
-        switch (opt) {
-        case 'h':
-            fputs(demo_usage, stdout);
-            return -1;
-        case 't':
-            if (!cli_set_transport(&cfg->lo, optarg))
-                return CLI_EXIT_USAGE;
-            break;
-        case 'o':
-            if (!cli_add_option(&cfg->lo, optarg))
-                return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
-            break;
-        case 'm':
-            opt = CLI_OPT_MODEL;
-            /* fall through */
-        default:
-            if (opt == OPT_SEED) {
-                if (!cli_parse_u32(optarg, 0, UINT32_MAX, &cfg->seed))
-                    return cli_usage_err("--seed: bad number \"%s\"", optarg);
-                break;
-            }
-            if (opt == CLI_OPT_TIMEOUT) {
-                if (!cli_parse_u32(optarg, 1, 3600000, &v))
-                    return cli_usage_err("--timeout: bad milliseconds \"%s\"",
-                                         optarg);
-                cfg->timeout_ms = (int)v;
-                break;
-            }
-            k = cli_shape_opt(&cfg->shape, opt, optarg);
-            if (k < 0)
-                return CLI_EXIT_USAGE;
-            if (k == 0)
-                return cli_usage_err("bad option");
-            break;
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    if (rc != 0)
+        return rc;
     if (!cli_shape_check(&cfg->shape))
         return CLI_EXIT_USAGE;
     return 0;

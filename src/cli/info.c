@@ -204,33 +204,31 @@ info_probe_bounded(const char *name, info_result *r)
     return ok;
 }
 
+enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
+
+static int
+info_opt(void *ctx, int opt, const char *arg)
+{
+    (void)arg;
+    if (opt != OPT_NO_PROBE)
+        return cli_usage_err("bad option");
+    *(bool *)ctx = false;
+    return 0;
+}
+
 int
 cli_info(int argc, char **argv)
 {
-    enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
     static const struct option longopts[] = {
         {"no-probe", no_argument, NULL, OPT_NO_PROBE},
-        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    const cli_args a = {.usage = info_usage};
     bool probe = true;
-    int opt;
+    int rc = cli_args_parse(&a, longopts, NULL, info_opt, &probe, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            fputs(info_usage, stdout);
-            return CLI_EXIT_OK;
-        case OPT_NO_PROBE:
-            probe = false;
-            break;
-        default:
-            return cli_usage_err("bad option");
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
-
+    if (rc != 0)
+        return rc < 0 ? CLI_EXIT_OK : rc;
     printf("llmdd %s (library); tool built against the %d.%d.%d header\n",
            llmdd_version(), LLMDD_VERSION_MAJOR, LLMDD_VERSION_MINOR,
            LLMDD_VERSION_PATCH);
