@@ -360,7 +360,7 @@ cli_instance(uint64_t cluster_id, llmdd_role role, const cli_lib_opts *lo,
                    cluster_id);
         return st;
     }
-    opts[n++] = (llmdd_option){"llm.SyncKvCacheWaitTime", CLI_WAIT_MS};
+    opts[n++] = (llmdd_option){CLI_WAIT_KEY, CLI_WAIT_MS};
     if (lo->host_pool[0] != '\0')
         opts[n++] = (llmdd_option){"llm.HostMemPoolConfig", lo->host_pool};
     if (strcmp(lo->transport, "auto") != 0)

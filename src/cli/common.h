@@ -31,6 +31,7 @@
 #define CLI_DEFAULT_SEED 1u
 #define CLI_LINK_TIMEOUT_MS 5000
 /* Transfers in the tool may be large; the library default (1 s) is not. */
+#define CLI_WAIT_KEY "llm.SyncKvCacheWaitTime"
 #define CLI_WAIT_MS "60000"
 
 /* "llmdd demo", for messages. Set by main before a subcommand runs. */

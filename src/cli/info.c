@@ -23,38 +23,6 @@ static const char info_usage[] =
     "  -h, --help      this text\n";
 
 static const struct {
-    const char *key, *value, *def, *meaning;
-} info_options[] = {
-    {"llm.ListenIpInfo", "IP:PORT or [IPv6]:PORT, port 1..65535",
-     "not listening",
-     "listen there for links (the prompt side; `llmdd serve --listen`)"},
-    {"llm.DeviceId", "integer >= 0", "0",
-     "device for caches with device placement"},
-    {"llm.SyncKvCacheWaitTime", "milliseconds > 0", "1000",
-     "every transfer returns within it (LLM_TIMEOUT past it); the tool "
-     "sets " CLI_WAIT_MS " unless -o overrides it"},
-    {"llm.HostMemPoolConfig", "{\"memory_size\": N, \"page_shift\": S}",
-     "no pool",
-     "llmdd_allocate_cache takes host memory from one pool of N bytes in "
-     "pages of 2^S (S 12..30, default 16)"},
-    {"llm.MemPoolConfig", "same as above", "no pool",
-     "the same for device memory"},
-    {"llm.Transport", "auto, loop, shm, tcp, ucx", "auto",
-     "auto takes the first built-in transport (in the order below) that "
-     "reaches the peer; a named one must reach it or the link fails"},
-    {"llm.AuthToken", "a secret, 1..1024 bytes", "none",
-     "peers with a different token cannot link (HMAC challenge; the token "
-     "never crosses the wire)"},
-    {"llm.MaxLinks", "auto or 1..65535", "auto",
-     "links a listening instance serves at once; more are refused with "
-     "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
-    {"llm.BufPoolCfg, llm.EnableSwitchRole, llm.LocalCommRes, "
-     "llm.TransferBackend",
-     "any", "-",
-     "LLM-DataDist's Ascend options: accepted, logged once, no effect here"},
-};
-
-static const struct {
     const char *name, *def, *meaning;
 } info_env[] = {
     {"LLMDD_LOG_LEVEL", "warn",
@@ -266,10 +234,15 @@ cli_info(int argc, char **argv)
 
     printf("\nOption keys (llmdd_initialize, llmdd_set_role; `-o KEY=VALUE` "
            "on the tool):\n");
-    for (size_t i = 0; i < sizeof(info_options) / sizeof(info_options[0]); i++)
-        printf("  %-24s default: %s\n  %-24s value:   %s\n  %-24s %s\n",
-               info_options[i].key, info_options[i].def, "",
-               info_options[i].value, "", info_options[i].meaning);
+    const llmdd_option_doc *o;
+    for (size_t i = 0; (o = llmdd_option_info(i)) != NULL; i++) {
+        printf("  %-24s default: %s\n  %-24s value:   %s\n  %-24s %s\n", o->key,
+               o->default_text, "", o->values, "", o->meaning);
+        /* The tool's own default, on top of the library's. */
+        if (strcmp(o->key, CLI_WAIT_KEY) == 0)
+            printf("  %-24s the tool sets %s unless -o overrides it\n", "",
+                   CLI_WAIT_MS);
+    }
     printf("\nEnvironment variables:\n");
     for (size_t i = 0; i < sizeof(info_env) / sizeof(info_env[0]); i++)
         printf("  %-24s default: %s\n  %-24s %s\n", info_env[i].name,
