@@ -282,6 +282,15 @@ cli_lib_opts_fini(cli_lib_opts *lo)
     lo->nuser = 0;
 }
 
+const cli_transport cli_transports[] = {
+    {"loop", "both instances in one process: a bounds-checked memcpy"},
+    {"shm", "processes on one host: shared memory"},
+    {"ucx", "UCX (RDMA, shared memory, TCP, as UCX finds them)"},
+    {"tcp", "processes or hosts: one-sided reads and writes over TCP"},
+};
+const size_t cli_ntransports =
+    sizeof(cli_transports) / sizeof(cli_transports[0]);
+
 bool
 cli_transport_built(const char *name)
 {
@@ -303,17 +312,18 @@ cli_transport_built(const char *name)
 bool
 cli_set_transport(cli_lib_opts *lo, const char *name)
 {
-    static const char *const known[] = {"auto", "loop", "shm", "tcp", "ucx"};
-    size_t n = sizeof(known) / sizeof(known[0]);
-    char list[64];
-    bool ok = false;
+    char list[64] = "auto";
+    size_t len = strlen(list);
+    bool ok = strcmp(name, "auto") == 0;
 
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(name, known[i]) == 0)
-            ok = true;
+    for (size_t i = 0; i < cli_ntransports; i++) {
+        ok = ok || strcmp(name, cli_transports[i].name) == 0;
+        if (len < sizeof(list))
+            len += (size_t)snprintf(list + len, sizeof(list) - len, ", %s",
+                                    cli_transports[i].name);
+    }
     if (!ok) {
-        cli_err("unknown transport \"%s\" (%s)", name,
-                ca_join(list, sizeof(list), known, n, ", "));
+        cli_err("unknown transport \"%s\" (%s)", name, list);
         return false;
     }
     if (strcmp(name, "auto") != 0 && !cli_transport_built(name)) {

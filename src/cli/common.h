@@ -90,7 +90,16 @@ typedef struct {
 
 void cli_lib_opts_init(cli_lib_opts *lo);
 void cli_lib_opts_fini(cli_lib_opts *lo);
-/* --transport: a known name, compiled into this library; else prints why. */
+/* The transports the tool knows, in auto's order of preference, with what
+ * each is for; built in or not (cli_transport_built). */
+typedef struct {
+    const char *name, *what;
+} cli_transport;
+extern const cli_transport cli_transports[];
+extern const size_t cli_ntransports;
+
+/* --transport: auto or a known name, compiled into this library; else
+ * prints why. */
 bool cli_set_transport(cli_lib_opts *lo, const char *name);
 /* -o KEY=VALUE. */
 bool cli_add_option(cli_lib_opts *lo, const char *kv);

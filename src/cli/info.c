@@ -37,15 +37,6 @@ static const struct {
     {"UCX_TCP_RX_SEG_SIZE", "256k (set by llmdd)", "the same, receiving"},
 };
 
-static const struct {
-    const char *name, *what;
-} info_transports[] = {
-    {"loop", "both instances in one process: a bounds-checked memcpy"},
-    {"shm", "processes on one host: shared memory"},
-    {"ucx", "UCX (RDMA, shared memory, TCP, as UCX finds them)"},
-    {"tcp", "processes or hosts: one-sided reads and writes over TCP"},
-};
-
 /* Links two instances of this process over `name` and pulls 2 x 64 KiB. */
 static bool
 info_probe(const char *name, char *why, size_t cap, int64_t *ns)
@@ -202,18 +193,17 @@ cli_info(int argc, char **argv)
            LLMDD_VERSION_PATCH);
     printf("\nTransports built in, in auto's order of preference: %s\n",
            llmdd_transport_list());
-    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
-         i++) {
-        const char *name = info_transports[i].name;
+    for (size_t i = 0; i < cli_ntransports; i++) {
+        const char *name = cli_transports[i].name;
         char t[32];
         info_result res;
 
         if (!cli_transport_built(name)) {
-            printf("  %-5s not built in (%s)\n", name, info_transports[i].what);
+            printf("  %-5s not built in (%s)\n", name, cli_transports[i].what);
             continue;
         }
         if (!probe) {
-            printf("  %-5s built in (%s)\n", name, info_transports[i].what);
+            printf("  %-5s built in (%s)\n", name, cli_transports[i].what);
             continue;
         }
         fflush(stdout);
@@ -221,15 +211,14 @@ cli_info(int argc, char **argv)
             printf("  %-5s usable here: linked and pulled 128 KiB, verified, "
                    "in %s (%s)\n",
                    name, cli_fmt_ns(t, sizeof(t), res.ns),
-                   info_transports[i].what);
+                   cli_transports[i].what);
         else
             printf("  %-5s built in but NOT usable here: %s\n", name, res.why);
     }
-    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
-         i++) {
-        const char *about = llmdd_transport_info(info_transports[i].name);
+    for (size_t i = 0; i < cli_ntransports; i++) {
+        const char *about = llmdd_transport_info(cli_transports[i].name);
         if (about != NULL)
-            printf("  %-5s %s\n", info_transports[i].name, about);
+            printf("  %-5s %s\n", cli_transports[i].name, about);
     }
 
     printf("\nOption keys (llmdd_initialize, llmdd_set_role; `-o KEY=VALUE` "

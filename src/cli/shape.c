@@ -18,6 +18,7 @@ static const cm_model cm_models[] = {
     {"llama2-7b", 32, 32, 128}, {"qwen2-7b", 28, 4, 128},
     {"mistral-7b", 32, 8, 128}, {"tiny", 4, 2, 64},
 };
+#define CM_NMODELS (sizeof(cm_models) / sizeof(cm_models[0]))
 
 void
 cli_shape_default(cli_shape *s)
@@ -47,10 +48,12 @@ cli_shape_opt(cli_shape *s, int opt, const char *arg)
 {
     uint32_t *field = NULL, max = 0;
     const char *what = NULL;
+    char list[128];
+    size_t len;
 
     switch (opt) {
     case CLI_OPT_MODEL:
-        for (size_t i = 0; i < sizeof(cm_models) / sizeof(cm_models[0]); i++) {
+        for (size_t i = 0; i < CM_NMODELS; i++) {
             if (strcmp(arg, cm_models[i].name) == 0) {
                 snprintf(s->model, sizeof(s->model), "%s", arg);
                 s->layers = cm_models[i].layers;
@@ -59,9 +62,11 @@ cli_shape_opt(cli_shape *s, int opt, const char *arg)
                 return 1;
             }
         }
-        cli_usage_err("unknown model \"%s\" (llama3-8b, llama3-70b, "
-                      "llama2-7b, qwen2-7b, mistral-7b, tiny)",
-                      arg);
+        len = 0;
+        for (size_t i = 0; i < CM_NMODELS && len < sizeof(list); i++)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s",
+                                    i > 0 ? ", " : "", cm_models[i].name);
+        cli_usage_err("unknown model \"%s\" (%s)", arg, list);
         return -1;
     case CLI_OPT_LAYERS:
     case CLI_OPT_NUM_LAYERS:
