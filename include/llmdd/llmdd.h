@@ -281,6 +281,22 @@ LLMDD_API const char *llmdd_transport_list(void);
  */
 LLMDD_API const char *llmdd_transport_info(const char *name);
 /*
+ * llmdd_option_info: the index-th option key llmdd_initialize knows, with
+ * the values it takes, its default and what it does; NULL past the last.
+ * default_value is a value the key takes (what an instance uses when the
+ * key is not given), or NULL when the default is "unset"; default_text says
+ * it in words either way. Everything is static.
+ */
+typedef struct {
+    const char *key;           /* "llm.SyncKvCacheWaitTime" */
+    const char *values;        /* the values it takes, in words */
+    const char *default_value; /* a value, or NULL: unset by default */
+    const char *default_text;  /* "1000", "not listening" */
+    const char *meaning;
+} llmdd_option_doc;
+
+LLMDD_API const llmdd_option_doc *llmdd_option_info(size_t index);
+/*
  * llmdd_listen_address: where this instance listens, with the port the
  * kernel chose when llm.ListenIpInfo gave port 0. LLM_FAILED when it does
  * not listen (or is not initialized).

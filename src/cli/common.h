@@ -1,8 +1,10 @@
 /*
- * Shared pieces of the llmdd tool: argument parsing, model shapes, the
- * deterministic fill and its checksum, error reporting, and the nodes (a
- * prompt or decoder instance in a child process or a thread) that demo and
- * bench drive over pipes. The tool uses only the public API.
+ * Shared pieces of the llmdd tool: error reporting and formatting
+ * (messages.c), argument parsing and the library options (args.c), model
+ * shapes (shape.c), the deterministic fill and its checksum (fill.c), and
+ * the nodes (a prompt or decoder instance in a child process or a thread)
+ * that demo and bench drive over pipes (node.c). The tool uses only the
+ * public API.
  *
  * Thread safety: the parsers, the fill and the checksum are pure and
  * thread-safe. cli_err* write one line at a time. Nodes are started and
@@ -11,6 +13,7 @@
 #ifndef LLMDD_CLI_COMMON_H
 #define LLMDD_CLI_COMMON_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,6 +31,7 @@
 #define CLI_DEFAULT_SEED 1u
 #define CLI_LINK_TIMEOUT_MS 5000
 /* Transfers in the tool may be large; the library default (1 s) is not. */
+#define CLI_WAIT_KEY "llm.SyncKvCacheWaitTime"
 #define CLI_WAIT_MS "60000"
 
 /* "llmdd demo", for messages. Set by main before a subcommand runs. */
@@ -57,6 +61,12 @@ bool cli_parse_range(const char *s, bool sizes, uint64_t *a, uint64_t *b);
 bool cli_parse_hostport(const char *s, char *ip, size_t cap, uint16_t *port);
 /* "0,3,5-9": a list of at most max indices; *out is malloc'd. */
 bool cli_parse_list(const char *s, size_t max, uint64_t **out, size_t *n);
+/*
+ * One of n names: 0 with its index in *out, else CLI_EXIT_USAGE after
+ * "<flag>: \"<s>\" is not a, b or c".
+ */
+int cli_parse_choice(const char *flag, const char *s, const char *const *names,
+                     size_t n, int *out);
 
 /* ---- Formatting. ---- */
 
@@ -80,7 +90,16 @@ typedef struct {
 
 void cli_lib_opts_init(cli_lib_opts *lo);
 void cli_lib_opts_fini(cli_lib_opts *lo);
-/* --transport: a known name, compiled into this library; else prints why. */
+/* The transports the tool knows, in auto's order of preference, with what
+ * each is for; built in or not (cli_transport_built). */
+typedef struct {
+    const char *name, *what;
+} cli_transport;
+extern const cli_transport cli_transports[];
+extern const size_t cli_ntransports;
+
+/* --transport: auto or a known name, compiled into this library; else
+ * prints why. */
 bool cli_set_transport(cli_lib_opts *lo, const char *name);
 /* -o KEY=VALUE. */
 bool cli_add_option(cli_lib_opts *lo, const char *kv);
@@ -175,6 +194,38 @@ uint64_t cli_desc_tensor_size(const llmdd_cache_desc *d);
 uint64_t cli_desc_stride(const llmdd_cache_desc *d);
 /* "bf16 [4,128,8,128]". */
 const char *cli_fmt_desc(char *buf, size_t cap, const llmdd_cache_desc *d);
+
+/* ---- The command line of every subcommand. ---- */
+
+/*
+ * What a subcommand takes of the options several share; a NULL field is one
+ * it does not take. Every subcommand takes -h/--help, which prints usage.
+ */
+typedef struct {
+    const char *usage;
+    cli_lib_opts *lo;    /* -t/--transport NAME, -o/--option K=V */
+    bool *transport_set; /* set when -t was given; may be NULL */
+    cli_shape *shape;    /* -m/--model and the other shape options */
+    uint32_t *seed;      /* --seed N */
+    int *timeout_ms;     /* --timeout MS, 1..3600000 */
+} cli_args;
+
+/*
+ * A subcommand's own option `opt` (from its getopt_long table) with its
+ * argument: 0 when applied, else an exit code after a message.
+ */
+typedef int (*cli_own_fn)(void *ctx, int opt, const char *arg);
+
+/*
+ * Parses argv: the shared options into `a`, the subcommand's own (long
+ * options in `own`, ended by a zero entry, or NULL; short letters in
+ * `shorts` in getopt's syntax, or NULL) through own_fn(ctx, ...). Refuses
+ * positional arguments and unknown flags. Returns 0, -1 after printing the
+ * usage for --help, or an exit code after a message.
+ */
+int cli_args_parse(const cli_args *a, const struct option *own,
+                   const char *shorts, cli_own_fn own_fn, void *ctx, int argc,
+                   char **argv);
 
 /* ---- The deterministic fill and its checksum. ---- */
 

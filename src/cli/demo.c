@@ -7,9 +7,10 @@
  * the decoder waits for. Every transferred byte is checked against the
  * deterministic fill.
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -446,8 +447,11 @@ demo_call(cli_node *node, const demo_cmd *c, demo_reply *r, int timeout_ms)
 typedef struct {
     char name[64];
     demo_reply r;
-    bool moved; /* a transfer (counts toward "all verified") */
+    bool moved;     /* a transfer (counts toward "all verified") */
+    const char *by; /* the node that ran it */
 } demo_row;
+
+#define DEMO_MAX_ROWS 10 /* the steps add 8 */
 
 static void
 demo_print(const demo_row *rows, size_t n)
@@ -472,63 +476,232 @@ demo_print(const demo_row *rows, size_t n)
     }
 }
 
+/* ---- The steps. ---- */
+
+/* What the steps share: the nodes, their caches and the rows so far. */
+typedef struct {
+    const demo_cfg *cfg;
+    cli_node *prompt, *decoder;
+    demo_reply pr, dr; /* the nodes' setup: port, cache ids */
+    uint32_t kv_seed, paged_seed;
+    int op_ms;
+    demo_row rows[DEMO_MAX_ROWS];
+    size_t nrows;
+} demo_run;
+
+static demo_row *demo_row_add(demo_run *d, const cli_node *by, bool moved,
+                              const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static demo_row *
+demo_row_add(demo_run *d, const cli_node *by, bool moved, const char *fmt, ...)
+{
+    demo_row *row = &d->rows[d->nrows++];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(row->name, sizeof(row->name), fmt, ap);
+    va_end(ap);
+    row->moved = moved;
+    row->by = by->name;
+    return row;
+}
+
+static bool
+demo_link(demo_run *d)
+{
+    demo_cmd c = {.op = DM_LINK, .port = d->pr.port};
+    demo_row *row =
+        demo_row_add(d, d->decoder, false, "link decoder -> prompt");
+
+    return demo_call(d->decoder, &c, &row->r, d->op_ms);
+}
+
+/* A whole batch slot. */
+static bool
+demo_pull_slot(demo_run *d)
+{
+    const cli_shape *s = &d->cfg->shape;
+    demo_cmd c = {.op = DM_PULL_SLOT,
+                  .remote_cache = d->pr.kv_id,
+                  .remote_seed = d->kv_seed,
+                  .src_slot = 1 % s->batch,
+                  .dst_slot = 0};
+    demo_row *row = demo_row_add(d, d->decoder, true,
+                                 "pull slot %" PRIu32 " -> %" PRIu32
+                                 " (all %" PRIu32 " layers)",
+                                 c.src_slot, c.dst_slot, s->layers);
+
+    return demo_call(d->decoder, &c, &row->r, d->op_ms);
+}
+
+/* The second quarter of the layers. */
+static bool
+demo_pull_layers(demo_run *d)
+{
+    const cli_shape *s = &d->cfg->shape;
+    uint32_t L = s->layers;
+    int32_t first = (int32_t)(L / 4);
+    int32_t last = (int32_t)(L / 2 > 0 ? L / 2 - 1 : 0);
+
+    if (last < first)
+        last = first;
+    demo_cmd c = {.op = DM_PULL_LAYERS,
+                  .remote_cache = d->pr.kv_id,
+                  .remote_seed = d->kv_seed,
+                  .src_slot = 2 % s->batch,
+                  .dst_slot = 2 % s->batch,
+                  .first_layer = first,
+                  .last_layer = last};
+    demo_row *row =
+        demo_row_add(d, d->decoder, true,
+                     "pull layers %" PRId32 "-%" PRId32 " of slot %" PRIu32,
+                     first, last, c.src_slot);
+
+    return demo_call(d->decoder, &c, &row->r, d->op_ms);
+}
+
+/* Paged blocks, scattered on the prompt, into a fresh block table. */
+static bool
+demo_pull_blocks(demo_run *d)
+{
+    llmdd_cache_desc paged = cli_shape_paged(&d->cfg->shape);
+    uint64_t nb = (uint64_t)paged.shape[0];
+    demo_cmd c = {.op = DM_PULL_BLOCKS,
+                  .remote_cache = d->pr.paged_id,
+                  .remote_seed = d->paged_seed};
+
+    c.nblocks = (uint32_t)(nb / 2 > DEMO_MAX_BLOCKS ? DEMO_MAX_BLOCKS
+                           : nb / 2 > 0             ? nb / 2
+                                                    : 1);
+    cli_pick_blocks(nb, c.nblocks, c.src_blocks, c.dst_blocks);
+    demo_row *row =
+        demo_row_add(d, d->decoder, true,
+                     "pull %" PRIu32 " paged blocks (scattered)", c.nblocks);
+    return demo_call(d->decoder, &c, &row->r, d->op_ms);
+}
+
+/* The prompt pushes a slot into the decoder over the same link; the
+ * decoder checks it. */
+static bool
+demo_push(demo_run *d)
+{
+    const cli_shape *s = &d->cfg->shape;
+    demo_cmd c = {.op = DM_PUSH,
+                  .remote_cache = d->dr.kv_id,
+                  .src_slot = 3 % s->batch,
+                  .dst_slot = 3 % s->batch};
+    demo_row *row =
+        demo_row_add(d, d->prompt, true,
+                     "push slot %" PRIu32 " -> %" PRIu32 " (prompt -> decoder)",
+                     c.src_slot, c.dst_slot);
+    demo_reply *push = &row->r, vr;
+
+    if (!demo_call(d->prompt, &c, push, d->op_ms))
+        return false;
+    if (push->status != LLM_SUCCESS)
+        return true;
+    c.op = DM_VERIFY_SLOT;
+    c.remote_seed = d->kv_seed;
+    if (!demo_call(d->decoder, &c, &vr, d->op_ms))
+        return false;
+    push->verified = vr.verified;
+    push->sum = vr.sum;
+    memcpy(push->err, vr.err, sizeof(vr.err));
+    if (vr.status != LLM_SUCCESS)
+        push->status = vr.status;
+    return true;
+}
+
+/*
+ * A layer-streamed push with a notification: the decoder waits for it (as
+ * it would in its event loop) while the prompt computes and marks each
+ * layer.
+ */
+static bool
+demo_push_layerwise(demo_run *d)
+{
+    const cli_shape *s = &d->cfg->shape;
+    demo_cmd c = {.op = DM_WAIT_NOTIFY,
+                  .remote_cache = d->dr.kv_id,
+                  .remote_seed = d->kv_seed,
+                  .src_slot = 0,
+                  .dst_slot = 1 % s->batch};
+
+    snprintf(c.note, sizeof(c.note),
+             "slot %" PRIu32 " of cache %" PRId64 ": %" PRIu32 " layers",
+             c.dst_slot, d->dr.kv_id, s->layers);
+    if (cli_msg_send(d->decoder->cmd_fd, c.op, &c, sizeof(c), NULL, 0) != 0) {
+        cli_err("the decoder node stopped answering");
+        return false;
+    }
+    c.op = DM_PUSH_LAYERWISE;
+    demo_reply *lw =
+        &demo_row_add(d, d->prompt, true,
+                      "push slot %" PRIu32 " -> %" PRIu32 " layer by layer",
+                      c.src_slot, c.dst_slot)
+             ->r;
+    if (!demo_call(d->prompt, &c, lw, d->op_ms))
+        return false;
+    demo_reply *nr =
+        &demo_row_add(d, d->decoder, false, "decoder: notify_fd, get_notifies")
+             ->r;
+    if (!demo_call(d->decoder, NULL, nr, d->op_ms))
+        return false;
+    if (lw->status == LLM_SUCCESS) {
+        lw->verified = nr->verified;
+        lw->sum = nr->sum;
+        if (nr->status != LLM_SUCCESS || nr->verified != 1)
+            memcpy(lw->err, nr->err, sizeof(nr->err));
+    }
+    printf("  notification: \"%s\"\n", c.note);
+    return true;
+}
+
+static bool
+demo_unlink(demo_run *d)
+{
+    demo_cmd c = {.op = DM_UNLINK, .port = d->pr.port};
+    demo_row *row = demo_row_add(d, d->decoder, false, "unlink");
+
+    return demo_call(d->decoder, &c, &row->r, d->op_ms);
+}
+
+/*
+ * The demo, in order. A step adds its rows to the table; it returns false
+ * only when a node stopped answering. A required step that failed ends the
+ * demo: nothing after it can work.
+ */
+static const struct {
+    const char *name;
+    bool (*fn)(demo_run *d);
+    bool required;
+} demo_steps[] = {
+    {"link", demo_link, true},
+    {"pull a batch slot", demo_pull_slot, false},
+    {"pull a layer range", demo_pull_layers, false},
+    {"pull paged blocks", demo_pull_blocks, false},
+    {"push a slot", demo_push, false},
+    {"push layer by layer", demo_push_layerwise, false},
+    {"unlink", demo_unlink, false},
+};
+
 static int
 demo_parse(demo_cfg *cfg, int argc, char **argv)
 {
-    enum { OPT_SEED = CLI_OPT_FIRST_FREE };
     static const struct option longopts[] = {
-        {"transport", required_argument, NULL, 't'},
-        {"option", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
         {"layers", required_argument, NULL, CLI_OPT_LAYERS},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
-        CLI_SHAPE_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    int opt;
+    const cli_args a = {.usage = demo_usage,
+                        .lo = &cfg->lo,
+                        .shape = &cfg->shape,
+                        .seed = &cfg->seed,
+                        .timeout_ms = &cfg->timeout_ms};
+    int rc = cli_args_parse(&a, longopts, NULL, NULL, NULL, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "t:o:m:h", longopts, NULL)) != -1) {
-        uint32_t v;
-        int k;
-        switch (opt) {
-        case 'h':
-            fputs(demo_usage, stdout);
-            return -1;
-        case 't':
-            if (!cli_set_transport(&cfg->lo, optarg))
-                return CLI_EXIT_USAGE;
-            break;
-        case 'o':
-            if (!cli_add_option(&cfg->lo, optarg))
-                return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
-            break;
-        case 'm':
-            opt = CLI_OPT_MODEL;
-            /* fall through */
-        default:
-            if (opt == OPT_SEED) {
-                if (!cli_parse_u32(optarg, 0, UINT32_MAX, &cfg->seed))
-                    return cli_usage_err("--seed: bad number \"%s\"", optarg);
-                break;
-            }
-            if (opt == CLI_OPT_TIMEOUT) {
-                if (!cli_parse_u32(optarg, 1, 3600000, &v))
-                    return cli_usage_err("--timeout: bad milliseconds \"%s\"",
-                                         optarg);
-                cfg->timeout_ms = (int)v;
-                break;
-            }
-            k = cli_shape_opt(&cfg->shape, opt, optarg);
-            if (k < 0)
-                return CLI_EXIT_USAGE;
-            if (k == 0)
-                return cli_usage_err("bad option");
-            break;
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    if (rc != 0)
+        return rc;
     if (!cli_shape_check(&cfg->shape))
         return CLI_EXIT_USAGE;
     return 0;
@@ -538,16 +711,13 @@ int
 cli_demo(int argc, char **argv)
 {
     demo_cfg cfg;
-    demo_row rows[10];
-    size_t nrows = 0;
     cli_node prompt = {.cmd_fd = -1, .rep_fd = -1};
     cli_node decoder = {.cmd_fd = -1, .rep_fd = -1};
-    demo_reply pr, dr;
-    demo_cmd c;
+    demo_run d = {.cfg = &cfg, .prompt = &prompt, .decoder = &decoder};
+    demo_reply *pr = &d.pr, *dr = &d.dr;
     char b1[32], b2[32], b3[32], desc[96];
     int rc = CLI_EXIT_FAIL;
 
-    memset(rows, 0, sizeof(rows));
     cli_lib_opts_init(&cfg.lo);
     cli_shape_default(&cfg.shape);
     cfg.seed = CLI_DEFAULT_SEED;
@@ -596,179 +766,63 @@ cli_demo(int argc, char **argv)
     /* Setting up fills the caches (about 1 GB/s at worst); an operation
      * is one library call bounded by the link or the transfer timeout. */
     int setup_ms = 60000 + (int)(cache_bytes >> 20) * 4;
-    int op_ms = cfg.timeout_ms + atoi(CLI_WAIT_MS) + 30000;
+    d.op_ms = cfg.timeout_ms + atoi(CLI_WAIT_MS) + 30000;
     demo_role prole = {.cfg = &cfg, .prompt = true};
     demo_role drole = {.cfg = &cfg, .prompt = false};
     if (cli_node_start(&prompt, "prompt", threaded, demo_node_main, &prole) !=
             0 ||
-        !demo_call(&prompt, NULL, &pr, setup_ms))
+        !demo_call(&prompt, NULL, pr, setup_ms))
         goto out;
-    if (pr.status != LLM_SUCCESS) {
-        cli_err("prompt: %s", pr.err);
+    if (pr->status != LLM_SUCCESS) {
+        cli_err("prompt: %s", pr->err);
         goto out;
     }
     printf("  prompt: cluster %d, listening on 127.0.0.1:%u, KV cache %" PRId64
            ", paged cache %" PRId64 ", filled %s in %s\n",
-           DEMO_PROMPT_ID, pr.port, pr.kv_id, pr.paged_id,
-           cli_fmt_bytes(b1, sizeof(b1), pr.bytes),
-           cli_fmt_ns(b2, sizeof(b2), pr.ns));
+           DEMO_PROMPT_ID, pr->port, pr->kv_id, pr->paged_id,
+           cli_fmt_bytes(b1, sizeof(b1), pr->bytes),
+           cli_fmt_ns(b2, sizeof(b2), pr->ns));
     if (cli_node_start(&decoder, "decoder", threaded, demo_node_main, &drole) !=
             0 ||
-        !demo_call(&decoder, NULL, &dr, setup_ms))
+        !demo_call(&decoder, NULL, dr, setup_ms))
         goto out;
-    if (dr.status != LLM_SUCCESS) {
-        cli_err("decoder: %s", dr.err);
+    if (dr->status != LLM_SUCCESS) {
+        cli_err("decoder: %s", dr->err);
         goto out;
     }
     printf("  decoder: cluster %d, KV cache %" PRId64 ", paged cache %" PRId64
            ", first-touched %s in %s\n",
-           DEMO_DECODER_ID, dr.kv_id, dr.paged_id,
-           cli_fmt_bytes(b1, sizeof(b1), dr.bytes),
-           cli_fmt_ns(b2, sizeof(b2), dr.ns));
+           DEMO_DECODER_ID, dr->kv_id, dr->paged_id,
+           cli_fmt_bytes(b1, sizeof(b1), dr->bytes),
+           cli_fmt_ns(b2, sizeof(b2), dr->ns));
     fflush(stdout);
 
-    uint32_t kv_seed = cli_cache_seed(cfg.seed, pr.kv_id);
-    uint32_t paged_seed = cli_cache_seed(cfg.seed, pr.paged_id);
-    uint32_t L = s->layers;
-    int32_t first = (int32_t)(L / 4);
-    int32_t last = (int32_t)(L / 2 > 0 ? L / 2 - 1 : 0);
-    if (last < first)
-        last = first;
-    bool ok = true;
-
-    /* 1. link */
-    memset(&c, 0, sizeof(c));
-    c.op = DM_LINK;
-    c.port = pr.port;
-    snprintf(rows[nrows].name, sizeof(rows[0].name), "link decoder -> prompt");
-    if (!demo_call(&decoder, &c, &rows[nrows].r, op_ms))
-        goto out;
-    if (rows[nrows++].r.status != LLM_SUCCESS) {
-        demo_print(rows, nrows);
-        cli_err("decoder: %s", rows[nrows - 1].r.err);
-        goto out;
-    }
-
-    /* 2. a whole batch slot */
-    memset(&c, 0, sizeof(c));
-    c.op = DM_PULL_SLOT;
-    c.remote_cache = pr.kv_id;
-    c.remote_seed = kv_seed;
-    c.src_slot = 1 % s->batch;
-    c.dst_slot = 0;
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "pull slot %" PRIu32 " -> %" PRIu32 " (all %" PRIu32 " layers)",
-             c.src_slot, c.dst_slot, L);
-    rows[nrows].moved = true;
-    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
-        goto out;
-
-    /* 3. a layer range */
-    c.op = DM_PULL_LAYERS;
-    c.src_slot = c.dst_slot = 2 % s->batch;
-    c.first_layer = first;
-    c.last_layer = last;
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "pull layers %" PRId32 "-%" PRId32 " of slot %" PRIu32, first,
-             last, c.src_slot);
-    rows[nrows].moved = true;
-    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
-        goto out;
-
-    /* 4. paged blocks, scattered on the prompt into a fresh block table */
-    memset(&c, 0, sizeof(c));
-    c.op = DM_PULL_BLOCKS;
-    c.remote_cache = pr.paged_id;
-    c.remote_seed = paged_seed;
-    c.nblocks = (uint32_t)(nb / 2 > DEMO_MAX_BLOCKS ? DEMO_MAX_BLOCKS
-                           : nb / 2 > 0             ? nb / 2
-                                                    : 1);
-    cli_pick_blocks(nb, c.nblocks, c.src_blocks, c.dst_blocks);
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "pull %" PRIu32 " paged blocks (scattered)", c.nblocks);
-    rows[nrows].moved = true;
-    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
-        goto out;
-
-    /* 5. the prompt pushes a slot into the decoder over the same link */
-    memset(&c, 0, sizeof(c));
-    c.op = DM_PUSH;
-    c.remote_cache = dr.kv_id;
-    c.src_slot = c.dst_slot = 3 % s->batch;
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "push slot %" PRIu32 " -> %" PRIu32 " (prompt -> decoder)",
-             c.src_slot, c.dst_slot);
-    rows[nrows].moved = true;
-    demo_reply *push = &rows[nrows++].r;
-    if (!demo_call(&prompt, &c, push, op_ms))
-        goto out;
-    if (push->status == LLM_SUCCESS) {
-        demo_reply vr;
-        c.op = DM_VERIFY_SLOT;
-        c.remote_seed = kv_seed;
-        if (!demo_call(&decoder, &c, &vr, op_ms))
+    d.kv_seed = cli_cache_seed(cfg.seed, pr->kv_id);
+    d.paged_seed = cli_cache_seed(cfg.seed, pr->paged_id);
+    for (size_t i = 0; i < sizeof(demo_steps) / sizeof(demo_steps[0]); i++) {
+        if (!demo_steps[i].fn(&d)) {
+            cli_err("stopped at step %zu, %s", i + 1, demo_steps[i].name);
             goto out;
-        push->verified = vr.verified;
-        push->sum = vr.sum;
-        memcpy(push->err, vr.err, sizeof(vr.err));
-        if (vr.status != LLM_SUCCESS)
-            push->status = vr.status;
-    }
-
-    /* 6. a layer-streamed push with a notification: the decoder waits for
-     * it (as it would in its event loop) while the prompt computes and
-     * marks each layer */
-    memset(&c, 0, sizeof(c));
-    c.remote_cache = dr.kv_id;
-    c.remote_seed = kv_seed;
-    c.src_slot = 0;
-    c.dst_slot = 1 % s->batch;
-    snprintf(c.note, sizeof(c.note),
-             "slot %" PRIu32 " of cache %" PRId64 ": %" PRIu32 " layers",
-             c.dst_slot, dr.kv_id, L);
-    c.op = DM_WAIT_NOTIFY;
-    if (cli_msg_send(decoder.cmd_fd, c.op, &c, sizeof(c), NULL, 0) != 0) {
-        cli_err("the decoder node stopped answering");
-        goto out;
-    }
-    c.op = DM_PUSH_LAYERWISE;
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "push slot %" PRIu32 " -> %" PRIu32 " layer by layer", c.src_slot,
-             c.dst_slot);
-    rows[nrows].moved = true;
-    demo_reply *lw = &rows[nrows++].r;
-    if (!demo_call(&prompt, &c, lw, op_ms))
-        goto out;
-    snprintf(rows[nrows].name, sizeof(rows[0].name),
-             "decoder: notify_fd, get_notifies");
-    demo_reply *nr = &rows[nrows++].r;
-    if (!demo_call(&decoder, NULL, nr, op_ms))
-        goto out;
-    if (lw->status == LLM_SUCCESS) {
-        lw->verified = nr->verified;
-        lw->sum = nr->sum;
-        if (nr->status != LLM_SUCCESS || nr->verified != 1)
-            memcpy(lw->err, nr->err, sizeof(nr->err));
-    }
-    printf("  notification: \"%s\"\n", c.note);
-
-    /* 7. unlink */
-    memset(&c, 0, sizeof(c));
-    c.op = DM_UNLINK;
-    c.port = pr.port;
-    snprintf(rows[nrows].name, sizeof(rows[0].name), "unlink");
-    if (!demo_call(&decoder, &c, &rows[nrows++].r, op_ms))
-        goto out;
-
-    demo_print(rows, nrows);
-    uint64_t moved = 0;
-    for (size_t i = 0; i < nrows; i++) {
-        const demo_reply *r = &rows[i].r;
-        if (r->status != LLM_SUCCESS || (rows[i].moved && r->verified != 1)) {
-            ok = false;
-            cli_err("%s: %s", rows[i].name, r->err);
         }
-        if (rows[i].moved)
+        const demo_row *last = &d.rows[d.nrows - 1];
+        if (demo_steps[i].required && last->r.status != LLM_SUCCESS) {
+            demo_print(d.rows, d.nrows);
+            cli_err("%s: %s", last->by, last->r.err);
+            goto out;
+        }
+    }
+
+    demo_print(d.rows, d.nrows);
+    bool ok = true;
+    uint64_t moved = 0;
+    for (size_t i = 0; i < d.nrows; i++) {
+        const demo_row *row = &d.rows[i];
+        const demo_reply *r = &row->r;
+        if (r->status != LLM_SUCCESS || (row->moved && r->verified != 1)) {
+            ok = false;
+            cli_err("%s: %s", row->name, r->err);
+        }
+        if (row->moved)
             moved += r->bytes;
     }
     if (ok) {

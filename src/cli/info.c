@@ -23,38 +23,6 @@ static const char info_usage[] =
     "  -h, --help      this text\n";
 
 static const struct {
-    const char *key, *value, *def, *meaning;
-} info_options[] = {
-    {"llm.ListenIpInfo", "IP:PORT or [IPv6]:PORT, port 1..65535",
-     "not listening",
-     "listen there for links (the prompt side; `llmdd serve --listen`)"},
-    {"llm.DeviceId", "integer >= 0", "0",
-     "device for caches with device placement"},
-    {"llm.SyncKvCacheWaitTime", "milliseconds > 0", "1000",
-     "every transfer returns within it (LLM_TIMEOUT past it); the tool "
-     "sets " CLI_WAIT_MS " unless -o overrides it"},
-    {"llm.HostMemPoolConfig", "{\"memory_size\": N, \"page_shift\": S}",
-     "no pool",
-     "llmdd_allocate_cache takes host memory from one pool of N bytes in "
-     "pages of 2^S (S 12..30, default 16)"},
-    {"llm.MemPoolConfig", "same as above", "no pool",
-     "the same for device memory"},
-    {"llm.Transport", "auto, loop, shm, tcp, ucx", "auto",
-     "auto takes the first built-in transport (in the order below) that "
-     "reaches the peer; a named one must reach it or the link fails"},
-    {"llm.AuthToken", "a secret, 1..1024 bytes", "none",
-     "peers with a different token cannot link (HMAC challenge; the token "
-     "never crosses the wire)"},
-    {"llm.MaxLinks", "auto or 1..65535", "auto",
-     "links a listening instance serves at once; more are refused with "
-     "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
-    {"llm.BufPoolCfg, llm.EnableSwitchRole, llm.LocalCommRes, "
-     "llm.TransferBackend",
-     "any", "-",
-     "LLM-DataDist's Ascend options: accepted, logged once, no effect here"},
-};
-
-static const struct {
     const char *name, *def, *meaning;
 } info_env[] = {
     {"LLMDD_LOG_LEVEL", "warn",
@@ -67,15 +35,6 @@ static const struct {
      "ucx over tcp only: llmdd raises UCX's segment size for KV-sized "
      "transfers unless this is set"},
     {"UCX_TCP_RX_SEG_SIZE", "256k (set by llmdd)", "the same, receiving"},
-};
-
-static const struct {
-    const char *name, *what;
-} info_transports[] = {
-    {"loop", "both instances in one process: a bounds-checked memcpy"},
-    {"shm", "processes on one host: shared memory"},
-    {"ucx", "UCX (RDMA, shared memory, TCP, as UCX finds them)"},
-    {"tcp", "processes or hosts: one-sided reads and writes over TCP"},
 };
 
 /* Links two instances of this process over `name` and pulls 2 x 64 KiB. */
@@ -204,50 +163,47 @@ info_probe_bounded(const char *name, info_result *r)
     return ok;
 }
 
+enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
+
+static int
+info_opt(void *ctx, int opt, const char *arg)
+{
+    (void)arg;
+    if (opt != OPT_NO_PROBE)
+        return cli_usage_err("bad option");
+    *(bool *)ctx = false;
+    return 0;
+}
+
 int
 cli_info(int argc, char **argv)
 {
-    enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
     static const struct option longopts[] = {
         {"no-probe", no_argument, NULL, OPT_NO_PROBE},
-        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    const cli_args a = {.usage = info_usage};
     bool probe = true;
-    int opt;
+    int rc = cli_args_parse(&a, longopts, NULL, info_opt, &probe, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            fputs(info_usage, stdout);
-            return CLI_EXIT_OK;
-        case OPT_NO_PROBE:
-            probe = false;
-            break;
-        default:
-            return cli_usage_err("bad option");
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
-
+    if (rc != 0)
+        return rc < 0 ? CLI_EXIT_OK : rc;
     printf("llmdd %s (library); tool built against the %d.%d.%d header\n",
            llmdd_version(), LLMDD_VERSION_MAJOR, LLMDD_VERSION_MINOR,
            LLMDD_VERSION_PATCH);
     printf("\nTransports built in, in auto's order of preference: %s\n",
            llmdd_transport_list());
-    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
-         i++) {
-        const char *name = info_transports[i].name;
+    for (size_t i = 0; i < cli_ntransports; i++) {
+        const char *name = cli_transports[i].name;
         char t[32];
         info_result res;
 
         if (!cli_transport_built(name)) {
-            printf("  %-5s not built in (%s)\n", name, info_transports[i].what);
+            printf("  %-5s not built in (%s)\n", name, cli_transports[i].what);
             continue;
         }
         if (!probe) {
-            printf("  %-5s built in (%s)\n", name, info_transports[i].what);
+            printf("  %-5s built in (%s)\n", name, cli_transports[i].what);
             continue;
         }
         fflush(stdout);
@@ -255,23 +211,27 @@ cli_info(int argc, char **argv)
             printf("  %-5s usable here: linked and pulled 128 KiB, verified, "
                    "in %s (%s)\n",
                    name, cli_fmt_ns(t, sizeof(t), res.ns),
-                   info_transports[i].what);
+                   cli_transports[i].what);
         else
             printf("  %-5s built in but NOT usable here: %s\n", name, res.why);
     }
-    for (size_t i = 0; i < sizeof(info_transports) / sizeof(info_transports[0]);
-         i++) {
-        const char *about = llmdd_transport_info(info_transports[i].name);
+    for (size_t i = 0; i < cli_ntransports; i++) {
+        const char *about = llmdd_transport_info(cli_transports[i].name);
         if (about != NULL)
-            printf("  %-5s %s\n", info_transports[i].name, about);
+            printf("  %-5s %s\n", cli_transports[i].name, about);
     }
 
     printf("\nOption keys (llmdd_initialize, llmdd_set_role; `-o KEY=VALUE` "
            "on the tool):\n");
-    for (size_t i = 0; i < sizeof(info_options) / sizeof(info_options[0]); i++)
-        printf("  %-24s default: %s\n  %-24s value:   %s\n  %-24s %s\n",
-               info_options[i].key, info_options[i].def, "",
-               info_options[i].value, "", info_options[i].meaning);
+    const llmdd_option_doc *o;
+    for (size_t i = 0; (o = llmdd_option_info(i)) != NULL; i++) {
+        printf("  %-24s default: %s\n  %-24s value:   %s\n  %-24s %s\n", o->key,
+               o->default_text, "", o->values, "", o->meaning);
+        /* The tool's own default, on top of the library's. */
+        if (strcmp(o->key, CLI_WAIT_KEY) == 0)
+            printf("  %-24s the tool sets %s unless -o overrides it\n", "",
+                   CLI_WAIT_MS);
+    }
     printf("\nEnvironment variables:\n");
     for (size_t i = 0; i < sizeof(info_env) / sizeof(info_env[0]); i++)
         printf("  %-24s default: %s\n  %-24s %s\n", info_env[i].name,

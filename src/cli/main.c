@@ -1,6 +1,7 @@
 /*
  * llmdd: the command-line tool. Dispatches to a subcommand; each one parses
- * its own flags with getopt_long and uses only the public API.
+ * its flags with cli_args_parse (the shared ones there, its own in a
+ * callback) and uses only the public API.
  */
 #include <signal.h>
 #include <stdio.h>

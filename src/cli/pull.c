@@ -60,18 +60,78 @@ typedef struct {
     int timeout_ms;
 } pull_cfg;
 
+enum {
+    OPT_CLUSTER = CLI_OPT_FIRST_FREE,
+    OPT_REMOTE,
+    OPT_CACHE,
+    OPT_BATCH_INDEX,
+    OPT_RANGE,
+    OPT_BLOCKS,
+    OPT_VERIFY,
+};
+
+static int
+pull_opt(void *ctx, int opt, const char *arg)
+{
+    pull_cfg *c = ctx;
+    uint64_t a, b;
+
+    switch (opt) {
+    case 'c':
+        if (!cli_parse_hostport(arg, c->ip, sizeof(c->ip), &c->port))
+            return cli_usage_err("--connect: \"%s\" is not IP:PORT with "
+                                 "a port in 1..65535",
+                                 arg);
+        c->have_connect = true;
+        break;
+    case OPT_CLUSTER:
+        if (!cli_parse_u64(arg, 0, UINT64_MAX, &c->cluster))
+            return cli_usage_err("--cluster-id: bad number \"%s\"", arg);
+        c->have_cluster = true;
+        break;
+    case OPT_REMOTE:
+        if (!cli_parse_u64(arg, 0, UINT64_MAX, &c->remote))
+            return cli_usage_err("--remote-cluster-id: bad number \"%s\"", arg);
+        c->have_remote = true;
+        break;
+    case OPT_CACHE:
+        if (!cli_parse_u64(arg, 1, INT64_MAX, &a))
+            return cli_usage_err("--cache-id: bad id \"%s\"", arg);
+        c->cache_id = (int64_t)a;
+        break;
+    case OPT_BATCH_INDEX:
+        if (!cli_parse_u32(arg, 0, UINT32_MAX, &c->batch))
+            return cli_usage_err("--batch-index: bad number \"%s\"", arg);
+        break;
+    case OPT_RANGE:
+        if (!cli_parse_range(arg, false, &a, &b) || b > INT32_MAX)
+            return cli_usage_err("--layers: \"%s\" is not A:B with "
+                                 "A <= B",
+                                 arg);
+        c->layers = true;
+        c->first = (int32_t)a;
+        c->last = (int32_t)b;
+        break;
+    case OPT_BLOCKS:
+        free(c->blocks);
+        c->blocks = NULL;
+        if (!cli_parse_list(arg, PULL_MAX_BLOCKS, &c->blocks, &c->nblocks))
+            return cli_usage_err("--blocks: \"%s\" is not a list like "
+                                 "0,3,8-15 (at most %u blocks)",
+                                 arg, PULL_MAX_BLOCKS);
+        break;
+    case OPT_VERIFY:
+        c->verify = true;
+        break;
+    default:
+        return cli_usage_err("bad option");
+    }
+    return 0;
+}
+
 static int
 pull_parse(pull_cfg *c, int argc, char **argv)
 {
-    enum {
-        OPT_CLUSTER = CLI_OPT_FIRST_FREE,
-        OPT_REMOTE,
-        OPT_CACHE,
-        OPT_BATCH_INDEX,
-        OPT_RANGE,
-        OPT_BLOCKS,
-        OPT_VERIFY,
-    };
     static const struct option longopts[] = {
         {"connect", required_argument, NULL, 'c'},
         {"cluster-id", required_argument, NULL, OPT_CLUSTER},
@@ -81,104 +141,17 @@ pull_parse(pull_cfg *c, int argc, char **argv)
         {"layers", required_argument, NULL, OPT_RANGE},
         {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"verify", no_argument, NULL, OPT_VERIFY},
-        {"seed", required_argument, NULL, CLI_OPT_SEED},
-        {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
-        {"transport", required_argument, NULL, 't'},
-        {"option", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_SHAPE_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    uint64_t a, b;
-    uint32_t v;
-    int opt, k;
+    const cli_args a = {.usage = pull_usage,
+                        .lo = &c->lo,
+                        .shape = &c->shape,
+                        .seed = &c->seed,
+                        .timeout_ms = &c->timeout_ms};
+    int rc = cli_args_parse(&a, longopts, "c:", pull_opt, c, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "c:t:o:m:h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            fputs(pull_usage, stdout);
-            return -1;
-        case 'c':
-            if (!cli_parse_hostport(optarg, c->ip, sizeof(c->ip), &c->port))
-                return cli_usage_err("--connect: \"%s\" is not IP:PORT with "
-                                     "a port in 1..65535",
-                                     optarg);
-            c->have_connect = true;
-            break;
-        case OPT_CLUSTER:
-            if (!cli_parse_u64(optarg, 0, UINT64_MAX, &c->cluster))
-                return cli_usage_err("--cluster-id: bad number \"%s\"", optarg);
-            c->have_cluster = true;
-            break;
-        case OPT_REMOTE:
-            if (!cli_parse_u64(optarg, 0, UINT64_MAX, &c->remote))
-                return cli_usage_err("--remote-cluster-id: bad number \"%s\"",
-                                     optarg);
-            c->have_remote = true;
-            break;
-        case OPT_CACHE:
-            if (!cli_parse_u64(optarg, 1, INT64_MAX, &a))
-                return cli_usage_err("--cache-id: bad id \"%s\"", optarg);
-            c->cache_id = (int64_t)a;
-            break;
-        case OPT_BATCH_INDEX:
-            if (!cli_parse_u32(optarg, 0, UINT32_MAX, &c->batch))
-                return cli_usage_err("--batch-index: bad number \"%s\"",
-                                     optarg);
-            break;
-        case OPT_RANGE:
-            if (!cli_parse_range(optarg, false, &a, &b) || b > INT32_MAX)
-                return cli_usage_err("--layers: \"%s\" is not A:B with "
-                                     "A <= B",
-                                     optarg);
-            c->layers = true;
-            c->first = (int32_t)a;
-            c->last = (int32_t)b;
-            break;
-        case OPT_BLOCKS:
-            free(c->blocks);
-            c->blocks = NULL;
-            if (!cli_parse_list(optarg, PULL_MAX_BLOCKS, &c->blocks,
-                                &c->nblocks))
-                return cli_usage_err("--blocks: \"%s\" is not a list like "
-                                     "0,3,8-15 (at most %u blocks)",
-                                     optarg, PULL_MAX_BLOCKS);
-            break;
-        case OPT_VERIFY:
-            c->verify = true;
-            break;
-        case CLI_OPT_SEED:
-            if (!cli_parse_u32(optarg, 0, UINT32_MAX, &c->seed))
-                return cli_usage_err("--seed: bad number \"%s\"", optarg);
-            break;
-        case CLI_OPT_TIMEOUT:
-            if (!cli_parse_u32(optarg, 1, 3600000, &v))
-                return cli_usage_err("--timeout: bad milliseconds \"%s\"",
-                                     optarg);
-            c->timeout_ms = (int)v;
-            break;
-        case 't':
-            if (!cli_set_transport(&c->lo, optarg))
-                return CLI_EXIT_USAGE;
-            break;
-        case 'o':
-            if (!cli_add_option(&c->lo, optarg))
-                return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
-            break;
-        case 'm':
-            opt = CLI_OPT_MODEL;
-            /* fall through */
-        default:
-            k = cli_shape_opt(&c->shape, opt, optarg);
-            if (k < 0)
-                return CLI_EXIT_USAGE;
-            if (k == 0)
-                return cli_usage_err("bad option");
-            break;
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    if (rc != 0)
+        return rc;
     if (!c->have_connect || !c->have_cluster || !c->have_remote)
         return cli_usage_err("--connect, --cluster-id and --remote-cluster-id "
                              "are required");

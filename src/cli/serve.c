@@ -54,117 +54,105 @@ serve_describe(const char *what, const char *unit, const llmdd_cache *c,
            unit, filled ? "filled" : "zeroed (not filled)");
 }
 
-int
-cli_serve(int argc, char **argv)
+typedef struct {
+    cli_lib_opts lo;
+    cli_shape shape;
+    char ip[LLMDD_IP_LEN];
+    uint16_t port;
+    char mip[LLMDD_IP_LEN];
+    uint16_t mport;
+    uint64_t cluster;
+    bool have_listen, have_cluster, have_metrics, fill;
+    uint32_t seed;
+} serve_cfg;
+
+enum { OPT_FILL = CLI_OPT_FIRST_FREE, OPT_METRICS };
+
+static int
+serve_opt(void *ctx, int opt, const char *arg)
 {
-    enum { OPT_FILL = CLI_OPT_FIRST_FREE, OPT_METRICS };
+    serve_cfg *c = ctx;
+
+    switch (opt) {
+    case 'l':
+        if (!cli_parse_hostport(arg, c->ip, sizeof(c->ip), &c->port))
+            return cli_usage_err("--listen: \"%s\" is not IP:PORT with a "
+                                 "port in 1..65535",
+                                 arg);
+        c->have_listen = true;
+        break;
+    case 'c':
+        if (!cli_parse_u64(arg, 0, UINT64_MAX, &c->cluster))
+            return cli_usage_err("--cluster-id: bad number \"%s\"", arg);
+        c->have_cluster = true;
+        break;
+    case OPT_FILL:
+        c->fill = true;
+        if (arg != NULL && !cli_parse_u32(arg, 0, UINT32_MAX, &c->seed))
+            return cli_usage_err("--fill: bad seed \"%s\"", arg);
+        break;
+    case OPT_METRICS:
+        if (!cli_parse_hostport(arg, c->mip, sizeof(c->mip), &c->mport))
+            return cli_usage_err("--metrics: \"%s\" is not IP:PORT with a "
+                                 "port in 1..65535",
+                                 arg);
+        c->have_metrics = true;
+        break;
+    default:
+        return cli_usage_err("bad option");
+    }
+    return 0;
+}
+
+static int
+serve_parse(serve_cfg *c, int argc, char **argv)
+{
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
         {"cluster-id", required_argument, NULL, 'c'},
         {"fill", optional_argument, NULL, OPT_FILL},
         {"metrics", required_argument, NULL, OPT_METRICS},
-        {"transport", required_argument, NULL, 't'},
-        {"option", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
         {"layers", required_argument, NULL, CLI_OPT_LAYERS},
-        CLI_SHAPE_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    cli_lib_opts lo;
-    cli_shape shape;
-    char ip[LLMDD_IP_LEN], err[1024], flags[256];
-    uint16_t port = 0, mport = 0;
-    char mip[LLMDD_IP_LEN];
-    bool have_metrics = false;
+    const cli_args a = {.usage = serve_usage, .lo = &c->lo, .shape = &c->shape};
+    int rc = cli_args_parse(&a, longopts, "l:c:", serve_opt, c, argc, argv);
+
+    if (rc != 0)
+        return rc;
+    if (!c->have_listen || !c->have_cluster)
+        return cli_usage_err("--listen IP:PORT and --cluster-id N are "
+                             "required");
+    if (strcmp(c->lo.transport, "loop") == 0)
+        return cli_usage_err("--transport loop only reaches an instance in "
+                             "the same process; `llmdd demo --transport "
+                             "loop` shows it");
+    if (!cli_shape_check(&c->shape))
+        return CLI_EXIT_USAGE;
+    return 0;
+}
+
+int
+cli_serve(int argc, char **argv)
+{
+    serve_cfg c;
+    char err[1024], flags[256];
     cli_metrics_server *ms = NULL;
-    uint64_t cluster = 0;
-    bool have_listen = false, have_cluster = false, fill = false;
-    uint32_t seed = CLI_DEFAULT_SEED;
     llmdd *dd = NULL;
     llmdd_cache kv, paged;
     bool have_kv = false, have_paged = false;
     llmdd_status st;
-    int rc = CLI_EXIT_USAGE, opt, k;
+    int rc;
 
-    cli_lib_opts_init(&lo);
-    cli_shape_default(&shape);
-    while ((opt = getopt_long(argc, argv, "l:c:t:o:m:h", longopts, NULL)) !=
-           -1) {
-        switch (opt) {
-        case 'h':
-            fputs(serve_usage, stdout);
-            rc = CLI_EXIT_OK;
-            goto out;
-        case 'l':
-            if (!cli_parse_hostport(optarg, ip, sizeof(ip), &port)) {
-                cli_usage_err("--listen: \"%s\" is not IP:PORT with a port "
-                              "in 1..65535",
-                              optarg);
-                goto out;
-            }
-            have_listen = true;
-            break;
-        case 'c':
-            if (!cli_parse_u64(optarg, 0, UINT64_MAX, &cluster)) {
-                cli_usage_err("--cluster-id: bad number \"%s\"", optarg);
-                goto out;
-            }
-            have_cluster = true;
-            break;
-        case OPT_FILL:
-            fill = true;
-            if (optarg != NULL &&
-                !cli_parse_u32(optarg, 0, UINT32_MAX, &seed)) {
-                cli_usage_err("--fill: bad seed \"%s\"", optarg);
-                goto out;
-            }
-            break;
-        case OPT_METRICS:
-            if (!cli_parse_hostport(optarg, mip, sizeof(mip), &mport)) {
-                cli_usage_err("--metrics: \"%s\" is not IP:PORT with a port "
-                              "in 1..65535",
-                              optarg);
-                goto out;
-            }
-            have_metrics = true;
-            break;
-        case 't':
-            if (!cli_set_transport(&lo, optarg))
-                goto out;
-            break;
-        case 'o':
-            if (!cli_add_option(&lo, optarg)) {
-                cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
-                goto out;
-            }
-            break;
-        case 'm':
-            opt = CLI_OPT_MODEL;
-            /* fall through */
-        default:
-            k = cli_shape_opt(&shape, opt, optarg);
-            if (k == 0)
-                cli_usage_err("bad option");
-            if (k <= 0)
-                goto out;
-            break;
-        }
-    }
-    if (optind < argc) {
-        cli_usage_err("unexpected argument \"%s\"", argv[optind]);
+    memset(&c, 0, sizeof(c));
+    cli_lib_opts_init(&c.lo);
+    cli_shape_default(&c.shape);
+    c.seed = CLI_DEFAULT_SEED;
+    rc = serve_parse(&c, argc, argv);
+    if (rc != 0) {
+        rc = rc < 0 ? CLI_EXIT_OK : rc;
         goto out;
     }
-    if (!have_listen || !have_cluster) {
-        cli_usage_err("--listen IP:PORT and --cluster-id N are required");
-        goto out;
-    }
-    if (strcmp(lo.transport, "loop") == 0) {
-        cli_usage_err("--transport loop only reaches an instance in the same "
-                      "process; `llmdd demo --transport loop` shows it");
-        goto out;
-    }
-    if (!cli_shape_check(&shape))
-        goto out;
     rc = CLI_EXIT_FAIL;
 
     /* Library threads inherit this mask, so the signals reach sigwait. */
@@ -175,13 +163,14 @@ cli_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    st = cli_instance(cluster, LLMDD_ROLE_PROMPT, &lo, ip, &port, &dd, err,
-                      sizeof(err));
+    st = cli_instance(c.cluster, LLMDD_ROLE_PROMPT, &c.lo, c.ip, &c.port, &dd,
+                      err, sizeof(err));
     if (st != LLM_SUCCESS) {
         cli_err("%s", err);
         goto out;
     }
-    llmdd_cache_desc kvd = cli_shape_kv(&shape), pd = cli_shape_paged(&shape);
+    llmdd_cache_desc kvd = cli_shape_kv(&c.shape),
+                     pd = cli_shape_paged(&c.shape);
     if ((st = llmdd_allocate_cache(dd, &kvd, &kv)) != LLM_SUCCESS) {
         cli_err_st(st, "llmdd_allocate_cache(KV cache)");
         goto out;
@@ -192,39 +181,39 @@ cli_serve(int argc, char **argv)
         goto out;
     }
     have_paged = true;
-    if (have_metrics &&
-        (ms = cli_metrics_start(dd, mip, mport, err, sizeof(err))) == NULL) {
+    if (c.have_metrics && (ms = cli_metrics_start(dd, c.mip, c.mport, err,
+                                                  sizeof(err))) == NULL) {
         cli_err("%s", err);
         goto out;
     }
-    if (fill) {
-        cli_fill_cache(&kv, cli_cache_seed(seed, kv.cache_id));
-        cli_fill_cache(&paged, cli_cache_seed(seed, paged.cache_id));
+    if (c.fill) {
+        cli_fill_cache(&kv, cli_cache_seed(c.seed, kv.cache_id));
+        cli_fill_cache(&paged, cli_cache_seed(c.seed, paged.cache_id));
     }
 
     char addr[LLMDD_IP_LEN + 16];
-    cli_fmt_addr(addr, sizeof(addr), ip, port);
+    cli_fmt_addr(addr, sizeof(addr), c.ip, c.port);
     printf("llmdd serve: cluster %" PRIu64 " (prompt), %s KV layout, "
            "listening on %s, transport %s\n",
-           cluster, shape.model, addr, lo.transport);
-    serve_describe("KV cache", "batch slot", &kv, fill);
-    serve_describe("paged cache", "block", &paged, fill);
-    cli_shape_flags(&shape, flags, sizeof(flags));
+           c.cluster, c.shape.model, addr, c.lo.transport);
+    serve_describe("KV cache", "batch slot", &kv, c.fill);
+    serve_describe("paged cache", "block", &paged, c.fill);
+    cli_shape_flags(&c.shape, flags, sizeof(flags));
     char seedflag[32] = "";
-    if (seed != CLI_DEFAULT_SEED)
-        snprintf(seedflag, sizeof(seedflag), " --seed %" PRIu32, seed);
-    uint64_t dec = cluster == UINT64_MAX ? cluster - 1 : cluster + 1;
-    bool any = strcmp(ip, "0.0.0.0") == 0 || strcmp(ip, "::") == 0;
+    if (c.seed != CLI_DEFAULT_SEED)
+        snprintf(seedflag, sizeof(seedflag), " --seed %" PRIu32, c.seed);
+    uint64_t dec = c.cluster == UINT64_MAX ? c.cluster - 1 : c.cluster + 1;
+    bool any = strcmp(c.ip, "0.0.0.0") == 0 || strcmp(c.ip, "::") == 0;
     printf("pull from it in another terminal (or host) with:\n"
            "  llmdd pull --connect %s --cluster-id %" PRIu64
            " --remote-cluster-id %" PRIu64 "%s%s%s\n%s",
-           addr, dec, cluster, flags, seedflag, fill ? " --verify" : "",
+           addr, dec, c.cluster, flags, seedflag, c.fill ? " --verify" : "",
            any ? "  (from another host, put this host's address in "
                  "--connect)\n"
                : "");
     if (ms != NULL)
         printf("metrics: http://%s/metrics\n",
-               cli_fmt_addr(addr, sizeof(addr), mip, mport));
+               cli_fmt_addr(addr, sizeof(addr), c.mip, c.mport));
     printf("serving; Ctrl-C or SIGTERM stops it\n");
 
     int sig = 0;
@@ -248,6 +237,6 @@ out:
     llmdd_destroy(dd);
     if (rc == CLI_EXIT_OK && dd != NULL)
         printf("llmdd serve: stopped\n");
-    cli_lib_opts_fini(&lo);
+    cli_lib_opts_fini(&c.lo);
     return rc;
 }

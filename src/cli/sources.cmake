@@ -4,11 +4,18 @@
 pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd)
 add_executable(llmdd_cli
   src/cli/main.c
-  src/cli/common.c
+  src/cli/messages.c
+  src/cli/args.c
+  src/cli/shape.c
+  src/cli/fill.c
+  src/cli/node.c
   src/cli/demo.c
   src/cli/serve.c
   src/cli/pull.c
   src/cli/bench.c
+  src/cli/bench_node.c
+  src/cli/bench_base.c
+  src/cli/bench_report.c
   src/cli/info.c
   src/cli/metrics_http.c
   src/cli/stats.c

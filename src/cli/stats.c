@@ -376,6 +376,40 @@ stats_url(const char *url, char *ip, size_t ipcap, uint16_t *port, char *path,
     return true;
 }
 
+typedef struct {
+    const char *url;
+    double interval;
+    uint64_t count;
+} stats_cfg;
+
+static int
+stats_opt(void *ctx, int opt, const char *arg)
+{
+    stats_cfg *c = ctx;
+    char *end;
+
+    switch (opt) {
+    case 'u':
+        c->url = arg;
+        break;
+    case 'i':
+        c->interval = strtod(arg, &end);
+        if (end == arg || *end != '\0' || !(c->interval >= 0.05) ||
+            c->interval > 3600)
+            return cli_usage_err("--interval: \"%s\" is not 0.05..3600 "
+                                 "seconds",
+                                 arg);
+        break;
+    case 'n':
+        if (!cli_parse_u64(arg, 1, UINT64_MAX, &c->count))
+            return cli_usage_err("--count: bad number \"%s\"", arg);
+        break;
+    default:
+        return cli_usage_err("bad option");
+    }
+    return 0;
+}
+
 int
 cli_stats(int argc, char **argv)
 {
@@ -383,50 +417,23 @@ cli_stats(int argc, char **argv)
         {"metrics-url", required_argument, NULL, 'u'},
         {"interval", required_argument, NULL, 'i'},
         {"count", required_argument, NULL, 'n'},
-        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    const cli_args a = {.usage = stats_usage};
+    stats_cfg c = {.interval = 1};
     char ip[LLMDD_IP_LEN], path[256], err[256];
-    const char *url = NULL;
     uint16_t port = 0;
-    double interval = 1;
-    uint64_t count = 0;
     stats_snap *snaps = NULL;
-    int opt, rc = CLI_EXIT_USAGE;
-    char *end;
+    int rc = cli_args_parse(&a, longopts, "u:i:n:", stats_opt, &c, argc, argv);
 
-    while ((opt = getopt_long(argc, argv, "u:i:n:h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            fputs(stats_usage, stdout);
-            return CLI_EXIT_OK;
-        case 'u':
-            url = optarg;
-            break;
-        case 'i':
-            interval = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(interval >= 0.05) ||
-                interval > 3600)
-                return cli_usage_err("--interval: \"%s\" is not 0.05..3600 "
-                                     "seconds",
-                                     optarg);
-            break;
-        case 'n':
-            if (!cli_parse_u64(optarg, 1, UINT64_MAX, &count))
-                return cli_usage_err("--count: bad number \"%s\"", optarg);
-            break;
-        default:
-            return cli_usage_err("bad option");
-        }
-    }
-    if (optind < argc)
-        return cli_usage_err("unexpected argument \"%s\"", argv[optind]);
-    if (url == NULL)
+    if (rc != 0)
+        return rc < 0 ? CLI_EXIT_OK : rc;
+    if (c.url == NULL)
         return cli_usage_err("--metrics-url is required");
-    if (!stats_url(url, ip, sizeof(ip), &port, path, sizeof(path)))
+    if (!stats_url(c.url, ip, sizeof(ip), &port, path, sizeof(path)))
         return cli_usage_err("--metrics-url: \"%s\" is not "
                              "http://IP:PORT[/PATH]",
-                             url);
+                             c.url);
     setvbuf(stdout, NULL, _IOLBF, 0);
     rc = CLI_EXIT_FAIL;
     snaps = calloc(2, sizeof(*snaps)); /* too big for the stack */
@@ -435,20 +442,20 @@ cli_stats(int argc, char **argv)
         goto out;
     }
     struct timespec nap = {
-        .tv_sec = (time_t)interval,
-        .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9)};
-    for (uint64_t i = 0; count == 0 || i <= count; i++) {
+        .tv_sec = (time_t)c.interval,
+        .tv_nsec = (long)((c.interval - (double)(time_t)c.interval) * 1e9)};
+    for (uint64_t i = 0; c.count == 0 || i <= c.count; i++) {
         if (i > 0)
             nanosleep(&nap, NULL);
         char *text = stats_get(ip, port, path, err, sizeof(err));
         if (text == NULL) {
-            cli_err("%s: %s", url, err);
+            cli_err("%s: %s", c.url, err);
             goto out;
         }
         stats_parse(&snaps[i % 2], text);
         free(text);
         if (i > 0)
-            stats_report(url, &snaps[i % 2], &snaps[(i + 1) % 2]);
+            stats_report(c.url, &snaps[i % 2], &snaps[(i + 1) % 2]);
     }
     rc = CLI_EXIT_OK;
 out:

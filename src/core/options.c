@@ -18,15 +18,6 @@
 #define POOL_SHIFT_DEFAULT 16
 #define POOL_SIZE_MAX (1ull << 46)
 
-void
-llmdd__options_init(llmdd__options *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->wait_ms = LLMDD_DEFAULT_WAIT_MS;
-    strcpy(o->transport, "auto");
-    o->max_links = llmdd__max_links_auto();
-}
-
 uint32_t
 llmdd__max_links_auto(void)
 {
@@ -239,88 +230,214 @@ parse_transport(const char *s, char *out)
     return LLM_SUCCESS;
 }
 
-/* A reference key that means nothing here: logs why, once per process. */
-static bool
-ignored_key(const char *k)
-{
-#define IGNORED(key, why) {key, why},
-    static const struct {
-        const char *key, *why;
-    } keys[] = {LLMDD_OPT_IGNORED_MAP(IGNORED)};
-#undef IGNORED
-    static atomic_bool logged[sizeof(keys) / sizeof(keys[0])];
+/* ---- The table of keys. ---- */
 
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-        if (strcmp(k, keys[i].key) == 0) {
-            if (!atomic_exchange(&logged[i], true))
-                log_info("option %s accepted without effect: %s", k,
-                         keys[i].why);
-            return true;
-        }
+/* The options being applied: a copy, so that a bad value changes nothing. */
+typedef struct {
+    llmdd__options o;
+    const char *token; /* llm.AuthToken, copied once every value is good */
+} opt_apply;
+
+static llmdd_status
+opt_listen(opt_apply *a, const char *v)
+{
+    a->o.listen = true;
+    return llmdd__parse_listen(v, &a->o.listen_addr);
+}
+
+static llmdd_status
+opt_device_id(opt_apply *a, const char *v)
+{
+    uint32_t id;
+
+    if (llmdd__parse_u32(v, &id) != LLM_SUCCESS || id > INT32_MAX)
+        return LLM_PARAM_INVALID;
+    a->o.device_id = id;
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+opt_wait_time(opt_apply *a, const char *v)
+{
+    return llmdd__parse_wait_time(v, &a->o.wait_ms);
+}
+
+static llmdd_status
+opt_host_pool(opt_apply *a, const char *v)
+{
+    a->o.host_pool = true;
+    return llmdd__parse_pool(v, &a->o.host_pool_config);
+}
+
+static llmdd_status
+opt_device_pool(opt_apply *a, const char *v)
+{
+    a->o.device_pool = true;
+    return llmdd__parse_pool(v, &a->o.device_pool_config);
+}
+
+static llmdd_status
+opt_transport(opt_apply *a, const char *v)
+{
+    return parse_transport(v, a->o.transport);
+}
+
+static llmdd_status
+opt_auth_token(opt_apply *a, const char *v)
+{
+    size_t len = strlen(v);
+
+    if (len == 0 || len > LLMDD_AUTH_TOKEN_MAX)
+        return LLM_PARAM_INVALID;
+    a->token = v;
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+opt_max_links(opt_apply *a, const char *v)
+{
+    return parse_max_links(v, &a->o.max_links);
+}
+
+static llmdd_status
+opt_tcp_lanes(opt_apply *a, const char *v)
+{
+    uint32_t n;
+
+    if (strcmp(v, "auto") == 0) {
+        a->o.tcp_lanes = 0;
+        return LLM_SUCCESS;
     }
-    return false;
+    if (llmdd__parse_u32(v, &n) != LLM_SUCCESS || n == 0 ||
+        n > LLMDD_TCP_LANES_MAX)
+        return LLM_PARAM_INVALID;
+    a->o.tcp_lanes = (int)n;
+    return LLM_SUCCESS;
+}
+
+#define OPT_ASCEND                                                             \
+    "LLM-DataDist's Ascend option, accepted without effect here: "
+
+/*
+ * Every key llmdd_initialize knows: what it takes, its default (a value its
+ * parser takes, which llmdd__options_init applies, or NULL for unset) and
+ * what it does. A NULL parser is a reference key that means nothing here:
+ * accepted, logged once per process. `llmdd info` prints this table.
+ */
+static const struct {
+    llmdd_option_doc doc;
+    llmdd_status (*parse)(opt_apply *a, const char *v);
+} opt_table[] = {
+    {{LLMDD_OPT_LISTEN, "IP:PORT or [IPv6]:PORT; port 0 lets the kernel pick",
+      NULL, "not listening", "listen there for links (the prompt side)"},
+     opt_listen},
+    {{LLMDD_OPT_DEVICE_ID, "integer 0..2147483647", "0", "0",
+      "device for caches with device placement"},
+     opt_device_id},
+    {{LLMDD_OPT_WAIT_TIME, "milliseconds 1..86400000", "1000", "1000",
+      "every transfer returns within it (LLM_TIMEOUT past it)"},
+     opt_wait_time},
+    {{LLMDD_OPT_HOST_POOL, "{\"memory_size\": N, \"page_shift\": S}", NULL,
+      "no pool",
+      "llmdd_allocate_cache takes host memory from one pool of N bytes in "
+      "pages of 2^S (S 12..30, default 16)"},
+     opt_host_pool},
+    {{LLMDD_OPT_DEVICE_POOL, "same as " LLMDD_OPT_HOST_POOL, NULL, "no pool",
+      "the same for device memory"},
+     opt_device_pool},
+    {{LLMDD_OPT_TRANSPORT, "auto, or a name llmdd_transport_list() lists",
+      "auto", "auto",
+      "auto takes the first built-in transport (in llmdd_transport_list()'s "
+      "order) that reaches the peer; a named one must reach it or the link "
+      "fails"},
+     opt_transport},
+    {{LLMDD_OPT_AUTH_TOKEN, "a secret, 1..1024 bytes", NULL, "none",
+      "peers with a different token cannot link (HMAC challenge; the token "
+      "never crosses the wire)"},
+     opt_auth_token},
+    {{LLMDD_OPT_MAX_LINKS, "auto or 1..65535", "auto", "auto",
+      "links a listening instance serves at once; more are refused with "
+      "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
+     opt_max_links},
+    {{LLMDD_OPT_TCP_LANES, "auto or 1..16", "auto", "auto",
+      "TCP connections each tcp link stripes its transfers over (auto: the "
+      "transport picks)"},
+     opt_tcp_lanes},
+    {{"llm.BufPoolCfg", "any", NULL, "-",
+      OPT_ASCEND "the transfer buffer pool is Ascend's"},
+     NULL},
+    {{"llm.EnableSwitchRole", "any", NULL, "-",
+      OPT_ASCEND "set_role is always allowed"},
+     NULL},
+    {{"llm.LocalCommRes", "any", NULL, "-",
+      OPT_ASCEND "there is no HCCL communication resource"},
+     NULL},
+    {{"llm.TransferBackend", "any", NULL, "-",
+      OPT_ASCEND "llm.Transport picks the transport"},
+     NULL},
+};
+
+#define OPT_N (sizeof(opt_table) / sizeof(opt_table[0]))
+
+const llmdd_option_doc *
+llmdd_option_info(size_t index)
+{
+    return index < OPT_N ? &opt_table[index].doc : NULL;
+}
+
+void
+llmdd__options_init(llmdd__options *o)
+{
+    opt_apply a;
+
+    memset(&a, 0, sizeof(a));
+    /* The table's defaults parse (tests/unit/options_test.c checks it). */
+    for (size_t i = 0; i < OPT_N; i++)
+        if (opt_table[i].parse != NULL &&
+            opt_table[i].doc.default_value != NULL)
+            (void)opt_table[i].parse(&a, opt_table[i].doc.default_value);
+    *o = a.o;
 }
 
 llmdd_status
 llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
 {
-    llmdd__options t = *o;
-    const char *token = NULL;
-    bool set_token = false;
+    static atomic_bool logged[OPT_N];
+    opt_apply a = {.o = *o, .token = NULL};
+    llmdd_status st;
 
     if (n > 0 && options == NULL)
         return LLM_PARAM_INVALID;
     for (size_t i = 0; i < n; i++) {
         const char *k = options[i].key, *v = options[i].value;
-        llmdd_status st = LLM_SUCCESS;
+        size_t r = 0;
 
         if (k == NULL || v == NULL) {
             log_error("option %zu has a NULL key or value", i);
             return LLM_PARAM_INVALID;
         }
-        if (strcmp(k, LLMDD_OPT_LISTEN) == 0) {
-            st = llmdd__parse_listen(v, &t.listen_addr);
-            t.listen = true;
-        } else if (strcmp(k, LLMDD_OPT_DEVICE_ID) == 0) {
-            st = llmdd__parse_u32(v, &t.device_id);
-            if (st == LLM_SUCCESS && t.device_id > INT32_MAX)
-                st = LLM_PARAM_INVALID;
-        } else if (strcmp(k, LLMDD_OPT_WAIT_TIME) == 0) {
-            st = llmdd__parse_wait_time(v, &t.wait_ms);
-        } else if (strcmp(k, LLMDD_OPT_HOST_POOL) == 0) {
-            st = llmdd__parse_pool(v, &t.host_pool_config);
-            t.host_pool = true;
-        } else if (strcmp(k, LLMDD_OPT_DEVICE_POOL) == 0) {
-            st = llmdd__parse_pool(v, &t.device_pool_config);
-            t.device_pool = true;
-        } else if (strcmp(k, LLMDD_OPT_TRANSPORT) == 0) {
-            st = parse_transport(v, t.transport);
-        } else if (strcmp(k, LLMDD_OPT_MAX_LINKS) == 0) {
-            st = parse_max_links(v, &t.max_links);
-        } else if (strcmp(k, LLMDD_OPT_AUTH_TOKEN) == 0) {
-            size_t len = strlen(v);
-            if (len == 0 || len > LLMDD_AUTH_TOKEN_MAX)
-                st = LLM_PARAM_INVALID;
-            token = v;
-            set_token = true;
-        } else if (!ignored_key(k)) {
+        while (r < OPT_N && strcmp(k, opt_table[r].doc.key) != 0)
+            r++;
+        if (r == OPT_N) {
             log_warn("unknown option \"%s\" ignored", k);
-        }
-        if (st != LLM_SUCCESS) {
+        } else if (opt_table[r].parse == NULL) {
+            if (!atomic_exchange(&logged[r], true))
+                log_info("option %s: %s", k, opt_table[r].doc.meaning);
+        } else if ((st = opt_table[r].parse(&a, v)) != LLM_SUCCESS) {
             /* Never log the token itself. */
             log_error("option %s: invalid value \"%s\"", k,
                       strcmp(k, LLMDD_OPT_AUTH_TOKEN) == 0 ? "..." : v);
             return st;
         }
     }
-    if (set_token) {
-        char *copy = strdup(token);
+    if (a.token != NULL) {
+        char *copy = strdup(a.token);
         if (copy == NULL)
             return LLM_OUT_OF_MEMORY;
         free(o->auth_token);
-        t.auth_token = copy;
+        a.o.auth_token = copy;
     }
-    *o = t;
+    *o = a.o;
     return LLM_SUCCESS;
 }
 

@@ -1,6 +1,8 @@
 /*
- * Option values: parsers for every key of API.md. Pure functions over their
- * arguments (thread-safe); each parser writes its output only on success.
+ * Option values: parsers for every key of API.md, and one table of the keys
+ * (options.c) that applies them, sets their defaults and documents them
+ * (llmdd_option_info). Pure functions over their arguments (thread-safe);
+ * each parser writes its output only on success.
  * They read untrusted text and are fuzzed (tests/fuzz/fuzz_options.c).
  */
 #ifndef LLMDD_CORE_OPTIONS_H
@@ -17,18 +19,14 @@
 #define LLMDD_OPT_TRANSPORT "llm.Transport"
 #define LLMDD_OPT_AUTH_TOKEN "llm.AuthToken"
 #define LLMDD_OPT_MAX_LINKS "llm.MaxLinks"
-/* The reference's keys for Ascend resources: accepted, no effect here. */
-#define LLMDD_OPT_IGNORED_MAP(XX)                                              \
-    XX("llm.BufPoolCfg", "the transfer buffer pool is Ascend's")               \
-    XX("llm.EnableSwitchRole", "set_role is always allowed")                   \
-    XX("llm.LocalCommRes", "there is no HCCL communication resource")          \
-    XX("llm.TransferBackend", "llm.Transport picks the transport")
+#define LLMDD_OPT_TCP_LANES "llm.TcpLanes"
 
-#define LLMDD_DEFAULT_WAIT_MS 1000u
+/* Defaults are in options.c's table of keys (llmdd_option_info). */
 #define LLMDD_MAX_WAIT_MS 86400000u /* one day */
 #define LLMDD_AUTH_TOKEN_MAX 1024
 #define LLMDD_TRANSPORT_NAME_MAX 16
 #define LLMDD_MAX_LINKS_MAX 65535u
+#define LLMDD_TCP_LANES_MAX 16
 
 typedef struct {
     struct sockaddr_storage addr;
@@ -52,6 +50,7 @@ typedef struct {
     char transport[LLMDD_TRANSPORT_NAME_MAX]; /* "auto" or a transport name */
     char *auth_token;                         /* NULL: none; owned */
     uint32_t max_links; /* links a server accepts; see llmdd__max_links_auto */
+    int tcp_lanes;      /* llm.TcpLanes: 1..LLMDD_TCP_LANES_MAX; 0: auto */
 } llmdd__options;
 
 /*
@@ -61,6 +60,7 @@ typedef struct {
  */
 uint32_t llmdd__max_links_auto(void);
 
+/* Every key at its documented default. */
 void llmdd__options_init(llmdd__options *o);
 void llmdd__options_fini(llmdd__options *o);
 

@@ -156,6 +156,15 @@ test_info(void **state)
         "llm.AuthToken",         "LLMDD_LOG_LEVEL"};
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
         assert_non_null(strstr(r.out, keys[i]));
+    /* Every key the library documents, with its default. */
+    const llmdd_option_doc *d;
+    for (size_t i = 0; (d = llmdd_option_info(i)) != NULL; i++) {
+        char want[256];
+        snprintf(want, sizeof(want), "  %-24s default: %s\n", d->key,
+                 d->default_text);
+        if (strstr(r.out, want) == NULL)
+            fail_msg("llmdd info does not list \"%s\"", want);
+    }
     cu_result_free(&r);
 
     const char *noprobe[] = {"info", "--no-probe", NULL};

@@ -552,6 +552,108 @@ test_max_links_values(void **state)
     }
 }
 
+/*
+ * The table of keys (llmdd_option_info): every key documented once, with
+ * its words, and its default a value llmdd_initialize takes; the defaults
+ * are what an instance uses when the key is not given.
+ */
+static void
+test_option_info(void **state)
+{
+    static const char *const keys[] = {
+        LLMDD_OPT_LISTEN,     LLMDD_OPT_DEVICE_ID,   LLMDD_OPT_WAIT_TIME,
+        LLMDD_OPT_HOST_POOL,  LLMDD_OPT_DEVICE_POOL, LLMDD_OPT_TRANSPORT,
+        LLMDD_OPT_AUTH_TOKEN, LLMDD_OPT_MAX_LINKS,   LLMDD_OPT_TCP_LANES,
+    };
+    const llmdd_option_doc *d;
+    size_t n = 0, with_default = 0;
+
+    (void)state;
+    for (; (d = llmdd_option_info(n)) != NULL; n++) {
+        assert_non_null(d->key);
+        assert_true(strncmp(d->key, "llm.", 4) == 0);
+        assert_true(d->values != NULL && d->values[0] != '\0');
+        assert_true(d->default_text != NULL && d->default_text[0] != '\0');
+        assert_true(d->meaning != NULL && d->meaning[0] != '\0');
+        for (size_t j = 0; j < n; j++)
+            assert_string_not_equal(llmdd_option_info(j)->key, d->key);
+        if (d->default_value == NULL)
+            continue;
+        with_default++;
+        assert_string_equal(d->default_value, d->default_text);
+        llmdd_option o = {d->key, d->default_value};
+        llmdd *dd;
+        assert_int_equal(llmdd_create(2, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
+        if (llmdd_initialize(dd, &o, 1) != LLM_SUCCESS)
+            fail_msg("%s=%s (its default) rejected", d->key, d->default_value);
+        llmdd_destroy(dd);
+    }
+    assert_null(llmdd_option_info(n + 1));
+    assert_null(llmdd_option_info(SIZE_MAX));
+    assert_true(with_default >= 4);
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        size_t j = 0;
+        while (j < n && strcmp(llmdd_option_info(j)->key, keys[i]) != 0)
+            j++;
+        if (j == n)
+            fail_msg("%s is not documented", keys[i]);
+    }
+
+    /* Applying every default to fresh options changes nothing. */
+    llmdd__options a, b;
+    llmdd__options_init(&a);
+    llmdd__options_init(&b);
+    assert_int_equal(a.wait_ms, 1000);
+    assert_string_equal(a.transport, "auto");
+    assert_int_equal(a.max_links, llmdd__max_links_auto());
+    assert_int_equal(a.tcp_lanes, 0);
+    for (size_t i = 0; i < n; i++) {
+        d = llmdd_option_info(i);
+        llmdd_option o = {d->key, d->default_value ? d->default_value : "x"};
+        if (d->default_value == NULL && strcmp(d->values, "any") != 0)
+            continue; /* unset by default: no value says so */
+        assert_int_equal(llmdd__options_apply(&b, &o, 1), LLM_SUCCESS);
+    }
+    assert_int_equal(b.listen, a.listen);
+    assert_int_equal(b.device_id, a.device_id);
+    assert_int_equal(b.wait_ms, a.wait_ms);
+    assert_int_equal(b.host_pool, a.host_pool);
+    assert_int_equal(b.device_pool, a.device_pool);
+    assert_string_equal(b.transport, a.transport);
+    assert_null(b.auth_token);
+    assert_int_equal(b.max_links, a.max_links);
+    assert_int_equal(b.tcp_lanes, a.tcp_lanes);
+    llmdd__options_fini(&a);
+    llmdd__options_fini(&b);
+}
+
+static void
+test_tcp_lanes_values(void **state)
+{
+    static const char *const bad[] = {"0", "17", "-1", "", "2x", "Auto"};
+    static const struct {
+        const char *v;
+        int lanes;
+    } good[] = {{"auto", 0}, {"1", 1}, {"16", 16}, {"4", 4}};
+    llmdd__options o;
+
+    (void)state;
+    llmdd__options_init(&o);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        llmdd_option kv = {LLMDD_OPT_TCP_LANES, bad[i]};
+        if (llmdd__options_apply(&o, &kv, 1) != LLM_PARAM_INVALID)
+            fail_msg("llm.TcpLanes=%s accepted", bad[i]);
+        assert_int_equal(o.tcp_lanes, 0);
+        assert_init_fails(&kv, 1, LLM_PARAM_INVALID);
+    }
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        llmdd_option kv = {LLMDD_OPT_TCP_LANES, good[i].v};
+        assert_int_equal(llmdd__options_apply(&o, &kv, 1), LLM_SUCCESS);
+        assert_int_equal(o.tcp_lanes, good[i].lanes);
+    }
+    llmdd__options_fini(&o);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -568,6 +670,8 @@ main(int argc, char **argv)
         cmocka_unit_test(test_transport_values),
         cmocka_unit_test(test_max_links_values),
         cmocka_unit_test(test_listen_port_zero),
+        cmocka_unit_test(test_option_info),
+        cmocka_unit_test(test_tcp_lanes_values),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }
