@@ -104,7 +104,7 @@ typedef struct llmdd__link {
 
 typedef struct llmdd__ctrl llmdd__ctrl;
 
-/* Outgoing link attempts in progress (ctrl.c); nodes live on the stack. */
+/* Outgoing link attempts in progress (ctrl); nodes live on the stack. */
 typedef struct llmdd__linking {
     uint64_t cluster_id;
     struct llmdd__linking *next;
@@ -311,7 +311,20 @@ void llmdd__own_conn_del(int fd);
  */
 bool llmdd__own_conn_peer(int fd, uint64_t nonce);
 
-/* Links (ctrl/link.c). */
+/* Links (link.c). */
+/* A new link holding one reference, not yet in the table. */
+llmdd__link *llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client,
+                             int ctrl_fd);
+/* Frees a link that never became visible (or whose last ref is gone). */
+void llmdd__link_free(llmdd__link *link);
+/*
+ * Makes a set-up link visible; fails if the cluster is linked already, and
+ * on the server side when the link is not admitted (crossing link calls,
+ * llm.MaxLinks).
+ */
+llmdd_status llmdd__link_publish(llmdd *dd, llmdd__link *link);
+/* dd->lock held. Links we serve (the peer linked to us). */
+size_t llmdd__links_served(const llmdd *dd);
 llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
 void llmdd__link_put(llmdd__link *link);
 /* Marks the link dead, removes it from the table and wakes its users. */
@@ -331,6 +344,8 @@ llmdd_status llmdd__link_remote(llmdd__link *link, int64_t id,
 void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 /* Forgets a remote cache the peer no longer has. */
 void llmdd__link_forget(llmdd__link *link, int64_t id);
+/* Finalize: drops every link. */
+void llmdd__links_fini(llmdd *dd);
 
 /* Control plane (ctrl/ctrl.c). */
 llmdd_status llmdd__ctrl_start(llmdd *dd);
@@ -340,6 +355,5 @@ void llmdd__listen_stop(llmdd *dd);
 void llmdd__ctrl_wake(llmdd *dd); /* the link table changed */
 /* Links paused for a full notification queue read again. */
 void llmdd__ctrl_resume_links(llmdd *dd);
-void llmdd__links_fini(llmdd *dd);
 
 #endif
