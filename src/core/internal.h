@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "base/net.h"
 #include "core/layout.h"
 #include "core/log.h"
 #include "core/metrics.h"
@@ -157,37 +158,9 @@ void llmdd__memcg_find(llmdd__memcg *cg);
  */
 bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
 
-/* Time and misc utilities (util.c). */
-int64_t llmdd__now_ms(void);
+/* Misc utilities (util.c); the clock and fd waits are in base/net.h. */
 int llmdd__random(void *buf, size_t len);
 const uint8_t *llmdd__boot_id(void);
-
-/*
- * The cancellation of the request whose transfer this thread runs
- * (request.c sets it around ops->xfer). Every llmdd__wait_fd on the thread
- * also wakes when fd becomes readable, so a transport blocked on a socket
- * gives up at once; llmdd__cancelled() tells that cause apart from a lost
- * peer, so the transport discards the connection but keeps the link.
- */
-typedef struct {
-    int fd; /* eventfd, readable once cancelled */
-    atomic_bool flag;
-} llmdd__cancel;
-extern _Thread_local const llmdd__cancel *llmdd__tls_cancel;
-bool llmdd__cancelled(void);
-
-/*
- * Waits until fd is ready for `events`, the deadline passes, the instance
- * stops or this thread's request is cancelled. Returns 1 when ready, 0 on
- * timeout, -1 when stopping, cancelled or on error. A negative stop_fd is
- * ignored (poll skips it).
- */
-int llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms);
-/* Full read/write with a deadline; 0 on success, -1 otherwise. */
-int llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len,
-                     int64_t deadline_ms);
-int llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
-                      int64_t deadline_ms);
 
 /* A condition variable timed against CLOCK_MONOTONIC, like every deadline. */
 void llmdd__cond_init(pthread_cond_t *cond);
@@ -346,6 +319,13 @@ void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 void llmdd__link_forget(llmdd__link *link, int64_t id);
 /* Finalize: drops every link. */
 void llmdd__links_fini(llmdd *dd);
+/*
+ * Opens a data connection for `link` to the peer's listener (client side):
+ * a HELLO of kind CONN_DATA with the link token and the transport's flags,
+ * answered by DATA_REPLY. The listener hands the connection to the link's
+ * transport (ops->accept_conn). Returns the fd or -1.
+ */
+int llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline);
 
 /* Control plane (ctrl/ctrl.c). */
 llmdd_status llmdd__ctrl_start(llmdd *dd);

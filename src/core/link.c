@@ -5,11 +5,13 @@
  * dd->lock, a link's remote caches by its rc_lock.
  */
 #include <openssl/crypto.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "ctrl/wire.h"
 
 /* ---- The link table. ---- */
 
@@ -322,4 +324,39 @@ llmdd__link_forget(llmdd__link *link, int64_t id)
         rc_unref(link, rc);
     }
     pthread_mutex_unlock(&link->rc_lock);
+}
+
+/* ---- Data connections to the peer's listener. ---- */
+
+int
+llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
+{
+    llmdd *dd = link->dd;
+    llmdd__hello h = {.kind = CONN_DATA, .flags = flags};
+    uint8_t buf[64];
+    llmdd_status st;
+    uint16_t type;
+    uint32_t status;
+    size_t len;
+    bool to;
+    int fd;
+
+    fd = llmdd__connect(dd->stop_fd, &link->peer.addr, deadline, &st);
+    if (fd < 0)
+        return -1;
+    llmdd__sock_tune(fd, false);
+    memcpy(h.token, link->token, sizeof(h.token));
+    len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
+                        deadline, &to) != 0 ||
+        type != WMSG_DATA_REPLY ||
+        llmdd__wire_u32_decode(buf, len, &status) != 0 ||
+        status != LLM_SUCCESS) {
+        log_error("data connection to cluster %llu refused",
+                  (unsigned long long)link->peer.cluster_id);
+        close(fd);
+        return -1;
+    }
+    return fd;
 }

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "ctrl/net.h"
+#include "base/net.h"
 #include "ctrl/wire.h"
 
 #define HANDSHAKE_MS 2000
@@ -226,7 +226,7 @@ void
 llmdd__link_ask_reopen(llmdd__link *link)
 {
     pthread_mutex_lock(&link->wlock);
-    llmdd__send_msg(link->dd, link->ctrl_fd, WMSG_REOPEN, NULL, 0,
+    llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_REOPEN, NULL, 0,
                     llmdd__now_ms() + HANDSHAKE_MS);
     pthread_mutex_unlock(&link->wlock);
 }
@@ -302,7 +302,7 @@ key_serve(llmdd *dd, llmdd__link *link, const uint8_t *buf, size_t len)
         r.status = LLM_SUCCESS;
     size_t n = llmdd__wire_key_reply_encode(&r, out, sizeof(out));
     pthread_mutex_lock(&link->wlock);
-    int rc = llmdd__send_msg(dd, link->ctrl_fd, WMSG_KEY_REPLY, out, n,
+    int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_KEY_REPLY, out, n,
                              llmdd__now_ms());
     pthread_mutex_unlock(&link->wlock);
     if (rc != 0) {
@@ -365,8 +365,8 @@ llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
     memcpy(q.key, key, key_len);
     size_t n = llmdd__wire_key_query_encode(&q, buf, sizeof(buf));
     pthread_mutex_lock(&link->wlock);
-    int rc =
-        llmdd__send_msg(dd, link->ctrl_fd, WMSG_KEY_QUERY, buf, n, deadline);
+    int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_KEY_QUERY, buf, n,
+                             deadline);
     pthread_mutex_unlock(&link->wlock);
 
     pthread_mutex_lock(&dd->lock);
@@ -406,7 +406,7 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
         /* Never wait on the peer here: the ACK is a few bytes into an idle
          * socket, and a peer that stops reading loses only its own ACK. */
         pthread_mutex_lock(&link->wlock);
-        llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK_ACK, NULL, 0,
+        llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_UNLINK_ACK, NULL, 0,
                         llmdd__now_ms());
         pthread_mutex_unlock(&link->wlock);
         llmdd__link_drop(link, "peer unlinked");
@@ -512,8 +512,8 @@ llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
                    int64_t deadline_ms)
 {
     pthread_mutex_lock(&link->wlock);
-    int rc = llmdd__send_msg(link->dd, link->ctrl_fd, WMSG_NOTIFY, msg, len,
-                             deadline_ms);
+    int rc = llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_NOTIFY, msg,
+                             len, deadline_ms);
     pthread_mutex_unlock(&link->wlock);
     if (rc == 0) {
         atomic_fetch_add_explicit(&link->dd->metrics.notify_sent, 1,
@@ -793,7 +793,8 @@ handshake_data(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     if (link == NULL || link->ops->accept_conn == NULL)
         st = LLM_LINK_FAILED;
     size_t n = llmdd__wire_u32_encode(st, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_DATA_REPLY, buf, n, deadline) != 0 ||
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_DATA_REPLY, buf, n, deadline) !=
+            0 ||
         st != LLM_SUCCESS) {
         close(fd);
         llmdd__link_put(link);
@@ -857,12 +858,13 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
                  dd->cluster_id, rep.mac);
     }
     len = llmdd__wire_hello_reply_encode(&rep, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_HELLO_REPLY, buf, len, deadline) != 0 ||
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO_REPLY, buf, len,
+                        deadline) != 0 ||
         rep.status != LLM_SUCCESS)
         goto out;
 
-    if (llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
-            0 ||
+    if (llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
+                        deadline, &to) != 0 ||
         type != WMSG_CONFIRM ||
         llmdd__wire_confirm_decode(buf, len, &conf) != 0)
         goto out;
@@ -907,7 +909,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     }
     memcpy(res.token, link->token, sizeof(res.token));
     len = llmdd__wire_result_encode(&res, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_RESULT, buf, len, deadline) != 0)
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_RESULT, buf, len, deadline) != 0)
         llmdd__link_drop(link, "handshake result not delivered");
     llmdd__sock_tune(fd, true);
     log_info("linked with cluster %llu (server side, %s)",
@@ -916,7 +918,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     return; /* fd now belongs to the link */
 reply:
     len = llmdd__wire_result_encode(&res, buf, sizeof(buf));
-    llmdd__send_msg(dd, fd, WMSG_RESULT, buf, len, deadline);
+    llmdd__send_msg(dd->stop_fd, fd, WMSG_RESULT, buf, len, deadline);
 out:
     llmdd__link_put(link);
     if (registered)
@@ -938,8 +940,8 @@ handshake_main(void *arg)
     bool to;
 
     free(arg);
-    int rc =
-        llmdd__recv_msg(dd, a.fd, &type, buf, sizeof(buf), &len, deadline, &to);
+    int rc = llmdd__recv_msg(dd->stop_fd, a.fd, &type, buf, sizeof(buf), &len,
+                             deadline, &to);
     ctrl_hello_done(dd, a.fd);
     if (rc != 0 || type != WMSG_HELLO ||
         llmdd__wire_hello_decode(buf, len, &h) != 0) {
@@ -1013,7 +1015,7 @@ link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     int fd;
 
     llmdd__parse_ip_info(&ci->remote_ip_infos[0], &addr);
-    fd = llmdd__connect(dd, &addr, deadline, &st);
+    fd = llmdd__connect(dd->stop_fd, &addr, deadline, &st);
     if (fd < 0)
         return st;
     /* Our end, so a server in this process can prove we are one (loop). */
@@ -1035,9 +1037,9 @@ link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     st = LLM_LINK_FAILED;
     if (llmdd__random(h.cnonce, sizeof(h.cnonce)) != 0 ||
         (len = llmdd__wire_hello_encode(&h, buf, sizeof(buf))) == 0 ||
-        llmdd__send_msg(dd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
-            0 ||
+        llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
+                        deadline, &to) != 0 ||
         type != WMSG_HELLO_REPLY ||
         llmdd__wire_hello_reply_decode(buf, len, &rep) != 0) {
         if (to)
@@ -1089,9 +1091,10 @@ link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         auth_mac(token, "llmdd-client", h.cnonce, rep.snonce, dd->cluster_id,
                  rep.cluster_id, conf.mac);
     len = llmdd__wire_confirm_encode(&conf, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_CONFIRM, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline, &to) !=
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_CONFIRM, buf, len, deadline) !=
             0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
+                        deadline, &to) != 0 ||
         type != WMSG_RESULT || llmdd__wire_result_decode(buf, len, &res) != 0) {
         st = to ? LLM_TIMEOUT : LLM_LINK_FAILED;
         goto err_link;
@@ -1225,8 +1228,8 @@ unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
         rc = ctrl_rx_next(link, &type, buf, &len);
         if (rc == 1)
             acked = type == WMSG_UNLINK_ACK;
-        else if (rc < 0 ||
-                 llmdd__wait_fd(dd, link->ctrl_fd, POLLIN, deadline) != 1)
+        else if (rc < 0 || llmdd__wait_fd(dd->stop_fd, link->ctrl_fd, POLLIN,
+                                          deadline) != 1)
             break;
     }
     return acked;
@@ -1243,8 +1246,8 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         return LLM_SUCCESS;
     if (!force) {
         pthread_mutex_lock(&link->wlock);
-        int rc =
-            llmdd__send_msg(dd, link->ctrl_fd, WMSG_UNLINK, NULL, 0, deadline);
+        int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_UNLINK, NULL,
+                                 0, deadline);
         pthread_mutex_unlock(&link->wlock);
         pthread_mutex_lock(&dd->lock);
         while (rc == 0 && !link->unlink_acked && !link->dead &&
