@@ -105,6 +105,26 @@ typedef struct llmdd__link {
 
 typedef struct llmdd__ctrl llmdd__ctrl;
 
+/*
+ * The control plane (listener, handshakes, control thread: src/ctrl) as the
+ * core sees it. The core never calls src/ctrl by name: llmdd_create, which
+ * lives in src/ctrl, registers these ops with the instance, and the core
+ * starts, stops and wakes the control plane only through them, as it
+ * reaches a transport only through its llmdd_transport_ops. None is called
+ * with dd->lock held.
+ */
+typedef struct llmdd__plane_ops {
+    /* Starts the control thread (dd->ctrl); LLM_SUCCESS or a status. */
+    llmdd_status (*start)(llmdd *dd);
+    /* Stops it and waits for its handshake threads; safe when not started. */
+    void (*stop)(llmdd *dd);
+    /* Listens per dd->opts; stops listening; both on a started plane. */
+    llmdd_status (*listen_start)(llmdd *dd);
+    void (*listen_stop)(llmdd *dd);
+    /* The link table changed or paused links may be read again. */
+    void (*wake)(llmdd *dd);
+} llmdd__plane_ops;
+
 /* Outgoing link attempts in progress (ctrl); nodes live on the stack. */
 typedef struct llmdd__linking {
     uint64_t cluster_id;
@@ -115,6 +135,9 @@ struct llmdd {
     uint64_t cluster_id;
     llmdd_role role;
     uint64_t nonce;
+
+    /* The control plane (src/ctrl), registered by llmdd_create. */
+    const llmdd__plane_ops *plane;
 
     pthread_mutex_t lock;
     pthread_cond_t cond; /* cache refs, link events, thread exits */
@@ -133,7 +156,7 @@ struct llmdd {
 
     llmdd__link *links;
     llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
-    llmdd__ctrl *ctrl;       /* listener and control thread; NULL when down */
+    llmdd__ctrl *ctrl;       /* the plane's; NULL when down; opaque here */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
     llmdd__metrics metrics;  /* atomics, no lock (metrics.h) */
@@ -215,7 +238,7 @@ void llmdd__requests_restart(llmdd *dd);
 void llmdd__requests_free(llmdd *dd);
 
 /*
- * Notifications (notify.c, ctrl.c). llmdd__notify_send sends one to the
+ * Notifications (notify.c, link.c). llmdd__notify_send sends one to the
  * link's peer on its control connection, after everything this instance
  * completed on the link; llmdd__notify_received queues one that arrived
  * (control thread): false when the queue is full, and the control thread
@@ -264,6 +287,13 @@ llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
 llmdd_status llmdd__pool_setup(llmdd *dd);
 /* Fills a remote-cache description of a live local cache. */
 void llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out);
+
+/*
+ * Creates an instance whose control plane is `plane` (llmdd_create, in
+ * src/ctrl, passes its own).
+ */
+llmdd_status llmdd__instance_new(uint64_t cluster_id, llmdd_role role,
+                                 const llmdd__plane_ops *plane, llmdd **dd_out);
 
 /* The process-wide instance list, for in-process peers (instance.c). */
 void llmdd__instances_lock(void);
@@ -319,6 +349,8 @@ void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 void llmdd__link_forget(llmdd__link *link, int64_t id);
 /* Finalize: drops every link. */
 void llmdd__links_fini(llmdd *dd);
+/* Links paused for a full notification queue are read again. */
+void llmdd__links_resume(llmdd *dd);
 /*
  * Opens a data connection for `link` to the peer's listener (client side):
  * a HELLO of kind CONN_DATA with the link token and the transport's flags,
@@ -326,14 +358,5 @@ void llmdd__links_fini(llmdd *dd);
  * transport (ops->accept_conn). Returns the fd or -1.
  */
 int llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline);
-
-/* Control plane (ctrl/ctrl.c). */
-llmdd_status llmdd__ctrl_start(llmdd *dd);
-void llmdd__ctrl_stop(llmdd *dd);
-llmdd_status llmdd__listen_start(llmdd *dd); /* per dd->opts */
-void llmdd__listen_stop(llmdd *dd);
-void llmdd__ctrl_wake(llmdd *dd); /* the link table changed */
-/* Links paused for a full notification queue read again. */
-void llmdd__ctrl_resume_links(llmdd *dd);
 
 #endif

@@ -13,11 +13,13 @@
 #include "core/internal.h"
 #include "ctrl/wire.h"
 
+/* How long asking the client to reopen may wait for its socket. */
+#define REOPEN_ASK_MS 2000
+
 /* ---- The link table. ---- */
 
 llmdd__link *
-llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client,
-                int ctrl_fd)
+llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client, int ctrl_fd)
 {
     llmdd__link *link = calloc(1, sizeof(*link));
 
@@ -124,7 +126,7 @@ llmdd__link_drop(llmdd__link *link, const char *why)
     shutdown(link->ctrl_fd, SHUT_RDWR);
     link->ops->link_shutdown(link);
     llmdd__requests_link_down(dd, link);
-    llmdd__ctrl_wake(dd);
+    dd->plane->wake(dd);
     llmdd__link_put(link); /* the table's reference */
 }
 
@@ -191,7 +193,7 @@ llmdd__link_publish(llmdd *dd, llmdd__link *link)
     pthread_mutex_unlock(&dd->lock);
     if (st == LLM_SUCCESS) {
         llmdd__metrics_link_event(dd, true);
-        llmdd__ctrl_wake(dd);
+        dd->plane->wake(dd);
     }
     return st;
 }
@@ -210,6 +212,16 @@ llmdd__links_fini(llmdd *dd)
         llmdd__link_drop(link, "finalize");
         llmdd__link_put(link);
     }
+}
+
+void
+llmdd__links_resume(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
+        l->rx_paused = false;
+    pthread_mutex_unlock(&dd->lock);
+    dd->plane->wake(dd);
 }
 
 /* ---- Remote cache descriptions, cached per link. ---- */
@@ -359,4 +371,55 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
         return -1;
     }
     return fd;
+}
+
+/* ---- Messages of the core on a link's control connection. ---- */
+
+void
+llmdd__link_ask_reopen(llmdd__link *link)
+{
+    pthread_mutex_lock(&link->wlock);
+    llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_REOPEN, NULL, 0,
+                    llmdd__now_ms() + REOPEN_ASK_MS);
+    pthread_mutex_unlock(&link->wlock);
+}
+
+llmdd_status
+llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
+                   int64_t deadline_ms)
+{
+    pthread_mutex_lock(&link->wlock);
+    int rc = llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_NOTIFY, msg,
+                             len, deadline_ms);
+    pthread_mutex_unlock(&link->wlock);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&link->dd->metrics.notify_sent, 1,
+                                  memory_order_relaxed);
+        return LLM_SUCCESS;
+    }
+    /* Part of a frame may have gone out: the connection is unusable. */
+    bool late = llmdd__now_ms() >= deadline_ms;
+    llmdd__link_drop(link, late ? "notification not taken in time"
+                                : "notification not sent");
+    return late ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
+}
+
+llmdd_status
+llmdd_send_notify(llmdd *dd, uint64_t cluster_id, const void *msg, size_t len)
+{
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (len > LLMDD_NOTIFY_MAX || (msg == NULL && len > 0))
+        return LLM_PARAM_INVALID;
+    llmdd__link *link = llmdd__link_get(dd, cluster_id);
+    if (link == NULL)
+        return LLM_NOT_YET_LINK;
+    st = llmdd__notify_send(link, msg, len,
+                            llmdd__now_ms() + llmdd__wait_ms(dd));
+    llmdd__link_put(link);
+    return st;
 }
