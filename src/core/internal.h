@@ -12,9 +12,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "base/log.h"
 #include "base/net.h"
 #include "core/layout.h"
-#include "core/log.h"
 #include "core/metrics.h"
 #include "core/options.h"
 #include "transport/transport.h"

@@ -2,11 +2,14 @@
  * The link table and, per link, the registry of the peer's caches: core
  * state that the control plane (src/ctrl) fills and the transfer path reads.
  * Links and remote caches are reference-counted; the table is guarded by
- * dd->lock, a link's remote caches by its rc_lock.
+ * dd->lock, a link's remote caches by its rc_lock. Also what the core and
+ * the transports send to the peer outside a transfer: a data connection's
+ * HELLO, a notification and REOPEN on the control connection (whose writes
+ * the link's wlock serializes; only the control thread reads it).
  */
 #include <openssl/crypto.h>
-#include <string.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "transport/transport.h"
 
 #define POOL_SHIFT_MIN 12

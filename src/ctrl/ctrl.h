@@ -3,7 +3,8 @@
  * control thread's state and what the plane's files share. ctrl.c runs the
  * control thread and the listener and reads every link's control messages;
  * handshake.c runs both sides of the handshake and its authentication;
- * linking.c runs the link and unlink calls.
+ * linking.c runs the link and unlink calls. The struct llmdd__ctrl fields
+ * marked so are guarded by dd->lock; the functions are thread-safe.
  */
 #ifndef LLMDD_CTRL_CTRL_H
 #define LLMDD_CTRL_CTRL_H

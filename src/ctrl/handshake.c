@@ -268,7 +268,8 @@ llmdd__handshake_main(void *arg)
 
 /*
  * The peer refused our link because it links to us at the same time and its
- * call wins (link_admit): wait for its link to reach our listener.
+ * call wins (link_admit in core/link.c): wait for its link to reach our
+ * listener.
  */
 static llmdd_status
 link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)

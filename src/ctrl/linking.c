@@ -12,7 +12,7 @@
 /*
  * Runs one llmdd_link_clusters job: refuses a cluster we are linked to, and
  * meanwhile records the call, so that a peer linking to us at the same time
- * finds the crossing (link_admit) and exactly one link results.
+ * finds the crossing (core/link.c, link_admit) and exactly one link results.
  */
 static llmdd_status
 link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
