@@ -16,7 +16,7 @@
 #include "ctrl/wire.h"
 #include "fuzz/fuzz.h"
 
-#define CTRL_CAP 256      /* ctrl.c's CTRL_MSG_MAX */
+#define CTRL_CAP 256      /* ctrl/ctrl.h's CTRL_MSG_MAX */
 #define INPUT_MAX 65536   /* fits in the socket buffer: no writer thread */
 #define FRAMES_MAX 256
 
