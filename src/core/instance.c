@@ -1,4 +1,7 @@
-/* Instance lifecycle: create, initialize, set_role, finalize, destroy. */
+/*
+ * Instance lifecycle: create (llmdd__instance_new; llmdd_create in src/ctrl
+ * adds the control plane), initialize, set_role, finalize, destroy.
+ */
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,7 +179,8 @@ role_valid(llmdd_role role)
 }
 
 llmdd_status
-llmdd_create(uint64_t cluster_id, llmdd_role role, llmdd **dd_out)
+llmdd__instance_new(uint64_t cluster_id, llmdd_role role,
+                    const llmdd__plane_ops *plane, llmdd **dd_out)
 {
     llmdd *dd;
 
@@ -187,6 +191,7 @@ llmdd_create(uint64_t cluster_id, llmdd_role role, llmdd **dd_out)
         return LLM_OUT_OF_MEMORY;
     dd->cluster_id = cluster_id;
     dd->role = role;
+    dd->plane = plane;
     dd->next_cache_id = 1;
     dd->stop_fd = -1;
     if (llmdd__random(&dd->nonce, sizeof(dd->nonce)) != 0) {
@@ -259,9 +264,9 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     }
     if ((st = llmdd__notify_init(dd)) != LLM_SUCCESS)
         goto err_stop_fd;
-    if ((st = llmdd__ctrl_start(dd)) != LLM_SUCCESS)
+    if ((st = dd->plane->start(dd)) != LLM_SUCCESS)
         goto err_notify;
-    if (dd->opts.listen && (st = llmdd__listen_start(dd)) != LLM_SUCCESS)
+    if (dd->opts.listen && (st = dd->plane->listen_start(dd)) != LLM_SUCCESS)
         goto err_ctrl;
 
     pthread_mutex_lock(&instances_lock);
@@ -275,7 +280,7 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     return LLM_SUCCESS;
 
 err_ctrl:
-    llmdd__ctrl_stop(dd);
+    dd->plane->stop(dd);
 err_notify:
     llmdd__notify_fini(dd);
 err_stop_fd:
@@ -309,9 +314,9 @@ llmdd_finalize(llmdd *dd)
     uint64_t one = 1;
     (void)!write(dd->stop_fd, &one, sizeof(one));
     llmdd__requests_fini(dd);
-    llmdd__listen_stop(dd);
+    dd->plane->listen_stop(dd);
     llmdd__links_fini(dd);
-    llmdd__ctrl_stop(dd);
+    dd->plane->stop(dd);
 
     pthread_mutex_lock(&dd->lock);
     while (dd->nthreads > 0)
@@ -361,7 +366,7 @@ llmdd_set_role(llmdd *dd, llmdd_role role, const llmdd_option *options,
         opts.auth_token = strdup(dd->opts.auth_token);
     pthread_mutex_unlock(&dd->lock);
 
-    llmdd__listen_stop(dd);
+    dd->plane->listen_stop(dd);
     pthread_mutex_lock(&dd->lock);
     free(dd->opts.auth_token);
     /* A pool keeps its first configuration: caches live in it. */
@@ -371,7 +376,7 @@ llmdd_set_role(llmdd *dd, llmdd_role role, const llmdd_option *options,
     dd->role = role;
     pthread_mutex_unlock(&dd->lock);
     if (opts.listen)
-        return llmdd__listen_start(dd);
+        return dd->plane->listen_start(dd);
     return LLM_SUCCESS;
 out:
     pthread_mutex_unlock(&dd->lock);

@@ -12,8 +12,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "base/log.h"
+#include "base/net.h"
 #include "core/layout.h"
-#include "core/log.h"
 #include "core/metrics.h"
 #include "core/options.h"
 #include "transport/transport.h"
@@ -104,7 +105,27 @@ typedef struct llmdd__link {
 
 typedef struct llmdd__ctrl llmdd__ctrl;
 
-/* Outgoing link attempts in progress (ctrl.c); nodes live on the stack. */
+/*
+ * The control plane (listener, handshakes, control thread: src/ctrl) as the
+ * core sees it. The core never calls src/ctrl by name: llmdd_create, which
+ * lives in src/ctrl, registers these ops with the instance, and the core
+ * starts, stops and wakes the control plane only through them, as it
+ * reaches a transport only through its llmdd_transport_ops. None is called
+ * with dd->lock held.
+ */
+typedef struct llmdd__plane_ops {
+    /* Starts the control thread (dd->ctrl); LLM_SUCCESS or a status. */
+    llmdd_status (*start)(llmdd *dd);
+    /* Stops it and waits for its handshake threads; safe when not started. */
+    void (*stop)(llmdd *dd);
+    /* Listens per dd->opts; stops listening; both on a started plane. */
+    llmdd_status (*listen_start)(llmdd *dd);
+    void (*listen_stop)(llmdd *dd);
+    /* The link table changed or paused links may be read again. */
+    void (*wake)(llmdd *dd);
+} llmdd__plane_ops;
+
+/* Outgoing link attempts in progress (ctrl); nodes live on the stack. */
 typedef struct llmdd__linking {
     uint64_t cluster_id;
     struct llmdd__linking *next;
@@ -114,6 +135,9 @@ struct llmdd {
     uint64_t cluster_id;
     llmdd_role role;
     uint64_t nonce;
+
+    /* The control plane (src/ctrl), registered by llmdd_create. */
+    const llmdd__plane_ops *plane;
 
     pthread_mutex_t lock;
     pthread_cond_t cond; /* cache refs, link events, thread exits */
@@ -132,7 +156,7 @@ struct llmdd {
 
     llmdd__link *links;
     llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
-    llmdd__ctrl *ctrl;       /* listener and control thread; NULL when down */
+    llmdd__ctrl *ctrl;       /* the plane's; NULL when down; opaque here */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
     llmdd__metrics metrics;  /* atomics, no lock (metrics.h) */
@@ -157,37 +181,9 @@ void llmdd__memcg_find(llmdd__memcg *cg);
  */
 bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
 
-/* Time and misc utilities (util.c). */
-int64_t llmdd__now_ms(void);
+/* Misc utilities (util.c); the clock and fd waits are in base/net.h. */
 int llmdd__random(void *buf, size_t len);
 const uint8_t *llmdd__boot_id(void);
-
-/*
- * The cancellation of the request whose transfer this thread runs
- * (request.c sets it around ops->xfer). Every llmdd__wait_fd on the thread
- * also wakes when fd becomes readable, so a transport blocked on a socket
- * gives up at once; llmdd__cancelled() tells that cause apart from a lost
- * peer, so the transport discards the connection but keeps the link.
- */
-typedef struct {
-    int fd; /* eventfd, readable once cancelled */
-    atomic_bool flag;
-} llmdd__cancel;
-extern _Thread_local const llmdd__cancel *llmdd__tls_cancel;
-bool llmdd__cancelled(void);
-
-/*
- * Waits until fd is ready for `events`, the deadline passes, the instance
- * stops or this thread's request is cancelled. Returns 1 when ready, 0 on
- * timeout, -1 when stopping, cancelled or on error. A negative stop_fd is
- * ignored (poll skips it).
- */
-int llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms);
-/* Full read/write with a deadline; 0 on success, -1 otherwise. */
-int llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len,
-                     int64_t deadline_ms);
-int llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
-                      int64_t deadline_ms);
 
 /* A condition variable timed against CLOCK_MONOTONIC, like every deadline. */
 void llmdd__cond_init(pthread_cond_t *cond);
@@ -242,7 +238,7 @@ void llmdd__requests_restart(llmdd *dd);
 void llmdd__requests_free(llmdd *dd);
 
 /*
- * Notifications (notify.c, ctrl.c). llmdd__notify_send sends one to the
+ * Notifications (notify.c, link.c). llmdd__notify_send sends one to the
  * link's peer on its control connection, after everything this instance
  * completed on the link; llmdd__notify_received queues one that arrived
  * (control thread): false when the queue is full, and the control thread
@@ -292,6 +288,13 @@ llmdd_status llmdd__pool_setup(llmdd *dd);
 /* Fills a remote-cache description of a live local cache. */
 void llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out);
 
+/*
+ * Creates an instance whose control plane is `plane` (llmdd_create, in
+ * src/ctrl, passes its own).
+ */
+llmdd_status llmdd__instance_new(uint64_t cluster_id, llmdd_role role,
+                                 const llmdd__plane_ops *plane, llmdd **dd_out);
+
 /* The process-wide instance list, for in-process peers (instance.c). */
 void llmdd__instances_lock(void);
 void llmdd__instances_unlock(void);
@@ -311,7 +314,20 @@ void llmdd__own_conn_del(int fd);
  */
 bool llmdd__own_conn_peer(int fd, uint64_t nonce);
 
-/* Links (ctrl/link.c). */
+/* Links (link.c). */
+/* A new link holding one reference, not yet in the table. */
+llmdd__link *llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client,
+                             int ctrl_fd);
+/* Frees a link that never became visible (or whose last ref is gone). */
+void llmdd__link_free(llmdd__link *link);
+/*
+ * Makes a set-up link visible; fails if the cluster is linked already, and
+ * on the server side when the link is not admitted (crossing link calls,
+ * llm.MaxLinks).
+ */
+llmdd_status llmdd__link_publish(llmdd *dd, llmdd__link *link);
+/* dd->lock held. Links we serve (the peer linked to us). */
+size_t llmdd__links_served(const llmdd *dd);
 llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
 void llmdd__link_put(llmdd__link *link);
 /* Marks the link dead, removes it from the table and wakes its users. */
@@ -331,15 +347,16 @@ llmdd_status llmdd__link_remote(llmdd__link *link, int64_t id,
 void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 /* Forgets a remote cache the peer no longer has. */
 void llmdd__link_forget(llmdd__link *link, int64_t id);
-
-/* Control plane (ctrl/ctrl.c). */
-llmdd_status llmdd__ctrl_start(llmdd *dd);
-void llmdd__ctrl_stop(llmdd *dd);
-llmdd_status llmdd__listen_start(llmdd *dd); /* per dd->opts */
-void llmdd__listen_stop(llmdd *dd);
-void llmdd__ctrl_wake(llmdd *dd); /* the link table changed */
-/* Links paused for a full notification queue read again. */
-void llmdd__ctrl_resume_links(llmdd *dd);
+/* Finalize: drops every link. */
 void llmdd__links_fini(llmdd *dd);
+/* Links paused for a full notification queue are read again. */
+void llmdd__links_resume(llmdd *dd);
+/*
+ * Opens a data connection for `link` to the peer's listener (client side):
+ * a HELLO of kind CONN_DATA with the link token and the transport's flags,
+ * answered by DATA_REPLY. The listener hands the connection to the link's
+ * transport (ops->accept_conn). Returns the fd or -1.
+ */
+int llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline);
 
 #endif

@@ -148,7 +148,7 @@ llmdd_get_notifies(llmdd *dd, llmdd_notify *out, size_t cap, size_t *count_out)
         n->paused = false;
     pthread_mutex_unlock(&n->lock);
     if (resume)
-        llmdd__ctrl_resume_links(dd);
+        llmdd__links_resume(dd);
     *count_out = k;
     return LLM_SUCCESS;
 }

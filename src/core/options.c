@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "transport/transport.h"
 
 #define POOL_SHIFT_MIN 12
@@ -439,22 +439,4 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
     }
     *o = a.o;
     return LLM_SUCCESS;
-}
-
-void
-llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len)
-{
-    char ip[INET6_ADDRSTRLEN] = "?";
-
-    if (a->addr.ss_family == AF_INET) {
-        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a->addr;
-        inet_ntop(AF_INET, &v4->sin_addr, ip, sizeof(ip));
-        snprintf(buf, len, "%s:%u", ip, ntohs(v4->sin_port));
-    } else if (a->addr.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
-        inet_ntop(AF_INET6, &v6->sin6_addr, ip, sizeof(ip));
-        snprintf(buf, len, "[%s]:%u", ip, ntohs(v6->sin6_port));
-    } else {
-        snprintf(buf, len, "?");
-    }
 }

@@ -11,6 +11,8 @@
 #include <llmdd/llmdd.h>
 #include <sys/socket.h>
 
+#include "base/net.h" /* llmdd__sockaddr */
+
 #define LLMDD_OPT_LISTEN "llm.ListenIpInfo"
 #define LLMDD_OPT_DEVICE_ID "llm.DeviceId"
 #define LLMDD_OPT_WAIT_TIME "llm.SyncKvCacheWaitTime"
@@ -27,11 +29,6 @@
 #define LLMDD_TRANSPORT_NAME_MAX 16
 #define LLMDD_MAX_LINKS_MAX 65535u
 #define LLMDD_TCP_LANES_MAX 16
-
-typedef struct {
-    struct sockaddr_storage addr;
-    socklen_t len;
-} llmdd__sockaddr;
 
 typedef struct {
     uint64_t memory_size; /* bytes, a multiple of the page */
@@ -83,8 +80,5 @@ llmdd_status llmdd__parse_wait_time(const char *s, uint32_t *ms_out);
 llmdd_status llmdd__parse_u32(const char *s, uint32_t *out);
 /* {"memory_size": N, "page_shift": S}; S in 12..30 (default 16). */
 llmdd_status llmdd__parse_pool(const char *s, llmdd__pool_config *out);
-
-/* Formats an address as "ip:port" or "[ip]:port". */
-void llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len);
 
 #endif

@@ -12,15 +12,6 @@
 
 #include "core/internal.h"
 
-int64_t
-llmdd__now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int
 llmdd__random(void *buf, size_t len)
 {
@@ -87,90 +78,6 @@ llmdd__boot_id(void)
 {
     pthread_once(&boot_once, boot_id_read);
     return boot_id;
-}
-
-_Thread_local const llmdd__cancel *llmdd__tls_cancel;
-
-bool
-llmdd__cancelled(void)
-{
-    const llmdd__cancel *c = llmdd__tls_cancel;
-
-    return c != NULL && atomic_load(&c->flag);
-}
-
-int
-llmdd__wait_fd(llmdd *dd, int fd, short events, int64_t deadline_ms)
-{
-    const llmdd__cancel *c = llmdd__tls_cancel;
-
-    for (;;) {
-        struct pollfd p[3] = {{.fd = fd, .events = events},
-                              {.fd = dd->stop_fd, .events = POLLIN},
-                              {.fd = c != NULL ? c->fd : -1, .events = POLLIN}};
-        int64_t left = deadline_ms - llmdd__now_ms();
-        if (left <= 0)
-            return 0;
-        int n = poll(p, 3, left > 60000 ? 60000 : (int)left);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0)
-            continue;
-        if (p[1].revents != 0 || p[2].revents != 0)
-            return -1; /* stopping, or this thread's request was cancelled */
-        if (p[0].revents & (events | POLLERR | POLLHUP | POLLNVAL))
-            return 1;
-    }
-}
-
-int
-llmdd__read_full(llmdd *dd, int fd, void *buf, size_t len, int64_t deadline_ms)
-{
-    uint8_t *p = buf;
-
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n == 0)
-            return -1;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (llmdd__wait_fd(dd, fd, POLLIN, deadline_ms) != 1)
-            return -1;
-    }
-    return 0;
-}
-
-int
-llmdd__write_full(llmdd *dd, int fd, const void *buf, size_t len,
-                  int64_t deadline_ms)
-{
-    const uint8_t *p = buf;
-
-    while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n >= 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (llmdd__wait_fd(dd, fd, POLLOUT, deadline_ms) != 1)
-            return -1;
-    }
-    return 0;
 }
 
 void

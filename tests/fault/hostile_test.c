@@ -32,7 +32,7 @@
 #define SELF 2
 #define ATTACKERS 4
 #define IDLE_CONNS 200 /* more than the listener's 128 handshake slots */
-#define HANDSHAKE_MS 2000 /* ctrl.c: each handshake's deadline */
+#define HANDSHAKE_MS 2000 /* ctrl/ctrl.h: each handshake's deadline */
 #define STALL_MS 5000     /* the data plane's stall limit */
 
 static th_proc prompt;

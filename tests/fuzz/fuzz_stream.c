@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "ctrl/net.h"
+#include "base/net.h"
 #include "ctrl/wire.h"
 #include "fuzz/fuzz.h"
 
-#define CTRL_CAP 256      /* ctrl.c's CTRL_MSG_MAX */
+#define CTRL_CAP 256      /* ctrl/ctrl.h's CTRL_MSG_MAX */
 #define INPUT_MAX 65536   /* fits in the socket buffer: no writer thread */
 #define FRAMES_MAX 256
 
@@ -45,7 +45,7 @@ consume(int fd, uint64_t n, int64_t deadline)
     while (n > 0) {
         size_t k = n < LLMDD_WIRE_MAX_PAYLOAD ? (size_t)n
                                               : LLMDD_WIRE_MAX_PAYLOAD;
-        if (llmdd__read_full(dd, fd, buf, k, deadline) != 0)
+        if (llmdd__read_full(dd->stop_fd, fd, buf, k, deadline) != 0)
             return -1;
         n -= k;
     }
@@ -131,7 +131,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint16_t type = 0;
         size_t len = 0;
         bool to;
-        if (llmdd__recv_msg(dd, sv[1], &type, buf, cap, &len, deadline,
+        if (llmdd__recv_msg(dd->stop_fd, sv[1], &type, buf, cap, &len, deadline,
                             &to) != 0)
             break;
         FUZZ_CHECK(!to);

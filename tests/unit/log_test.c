@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "harness/harness.h"
 
 /* Runs one log call with stderr sent to a file; returns what it wrote. */

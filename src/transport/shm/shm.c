@@ -83,7 +83,7 @@
 
 #include "core/copy.h"
 #include "core/internal.h"
-#include "ctrl/net.h"
+#include "base/net.h"
 #include "ctrl/wire.h"
 #include "transport/shm/shm.h"
 #include "transport/stream/stream.h"

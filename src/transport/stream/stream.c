@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "ctrl/net.h"
+#include "base/net.h"
 #include "ctrl/wire.h"
 #include "transport/stream/stream.h"
 
@@ -143,7 +143,7 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
             continue;
         if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
-        if (llmdd__wait_fd(dd, fd, send ? POLLOUT : POLLIN,
+        if (llmdd__wait_fd(dd->stop_fd, fd, send ? POLLOUT : POLLIN,
                            stall < deadline ? stall : deadline) != 1)
             return -1;
     }
@@ -159,7 +159,7 @@ drain(llmdd *dd, int fd, uint64_t len)
     while (len > 0) {
         size_t n = len < sizeof(buf) ? (size_t)len : sizeof(buf);
         int64_t stall = llmdd__now_ms() + STREAM_STALL_MS;
-        if (llmdd__read_full(dd, fd, buf, n, stall) != 0)
+        if (llmdd__read_full(dd->stop_fd, fd, buf, n, stall) != 0)
             return -1;
         len -= n;
     }
@@ -211,7 +211,7 @@ serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
     n = llmdd__wire_desc_encode(st, c != NULL ? &c->desc : NULL, out,
                                 sizeof(out));
     llmdd__cache_put(dd, c);
-    return llmdd__send_msg(dd, fd, WMSG_QUERY_REPLY, out, n,
+    return llmdd__send_msg(dd->stop_fd, fd, WMSG_QUERY_REPLY, out, n,
                            llmdd__now_ms() + STREAM_STALL_MS);
 }
 
@@ -296,7 +296,7 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
     } else if (type == WMSG_READ) {
         n = llmdd__wire_read_reply_encode(st, st == LLM_SUCCESS ? req.total : 0,
                                           out, sizeof(out));
-        rc = llmdd__send_msg(dd, fd, WMSG_READ_REPLY, out, n, stall);
+        rc = llmdd__send_msg(dd->stop_fd, fd, WMSG_READ_REPLY, out, n, stall);
         if (rc == 0 && st == LLM_SUCCESS)
             rc = seg_io(dd, fd, &it, true, data, STREAM_STALL_MS);
     } else {
@@ -306,7 +306,7 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
             rc = drain(dd, fd, req.total);
         if (rc == 0) {
             n = llmdd__wire_u32_encode(st, out, sizeof(out));
-            rc = llmdd__send_msg(dd, fd, WMSG_WRITE_REPLY, out, n,
+            rc = llmdd__send_msg(dd->stop_fd, fd, WMSG_WRITE_REPLY, out, n,
                                  llmdd__now_ms() + STREAM_STALL_MS);
         }
     }
@@ -336,10 +336,10 @@ serve_conn(llmdd__stream *s, int fd)
         bool to;
 
         /* Idle connections wait for as long as the link lives. */
-        if (llmdd__wait_fd(dd, fd, POLLIN, INT64_MAX) != 1)
+        if (llmdd__wait_fd(dd->stop_fd, fd, POLLIN, INT64_MAX) != 1)
             break;
-        if (llmdd__recv_msg(dd, fd, &type, buf, LLMDD_WIRE_MAX_PAYLOAD, &len,
-                            llmdd__now_ms() + STREAM_STALL_MS, &to) != 0)
+        if (llmdd__recv_msg(dd->stop_fd, fd, &type, buf, LLMDD_WIRE_MAX_PAYLOAD,
+                            &len, llmdd__now_ms() + STREAM_STALL_MS, &to) != 0)
             break;
         int rc;
         if (type == WMSG_QUERY)
@@ -479,9 +479,9 @@ llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
     if (fd < 0)
         return st;
     len = llmdd__wire_i64_encode(id, buf, sizeof(buf));
-    if (llmdd__send_msg(dd, fd, WMSG_QUERY, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
-                        &to) != 0 ||
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_QUERY, buf, len, deadline) != 0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
+                        deadline, &to) != 0 ||
         type != WMSG_QUERY_REPLY ||
         llmdd__wire_desc_decode(buf, len, &status, &out->desc) != 0) {
         /* Drop first (if the peer is lost): then no REV is asked for. */
@@ -531,13 +531,13 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
     }
     total *= x->count;
     len = llmdd__wire_rw_encode(&req, buf, cap);
-    if (llmdd__send_msg(dd, fd, x->write ? WMSG_WRITE : WMSG_READ, buf, len,
-                        x->deadline_ms) != 0)
+    if (llmdd__send_msg(dd->stop_fd, fd, x->write ? WMSG_WRITE : WMSG_READ, buf,
+                        len, x->deadline_ms) != 0)
         return io_status(link, x->deadline_ms);
     if (x->write) {
         if (seg_io(dd, fd, &it, true, x->deadline_ms, 0) != 0 ||
-            llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms,
-                            &to) != 0 ||
+            llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len,
+                            x->deadline_ms, &to) != 0 ||
             type != WMSG_WRITE_REPLY ||
             llmdd__wire_u32_decode(buf, len, &status) != 0)
             return io_status(link, x->deadline_ms);
@@ -545,8 +545,8 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
         return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
     }
     uint64_t got;
-    if (llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms, &to) !=
-            0 ||
+    if (llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len, x->deadline_ms,
+                        &to) != 0 ||
         type != WMSG_READ_REPLY ||
         llmdd__wire_read_reply_decode(buf, len, &status, &got) != 0)
         return io_status(link, x->deadline_ms);

@@ -42,7 +42,7 @@
 #include <ucp/api/ucp.h>
 
 #include "core/internal.h"
-#include "ctrl/net.h"
+#include "base/net.h"
 #include "ctrl/wire.h"
 #include "transport/ucx/ucx_wire.h"
 
@@ -1381,7 +1381,7 @@ ucx_call(ucx_link *ul, uint16_t type, int64_t id, uint16_t rtype,
     pthread_mutex_unlock(&ul->lock);
 
     size_t n = llmdd__ucx_req_encode(seq, id, req, sizeof(req));
-    if (llmdd__send_msg(dd, fd, type, req, n, deadline) != 0) {
+    if (llmdd__send_msg(dd->stop_fd, fd, type, req, n, deadline) != 0) {
         broken = true;
         goto out;
     }
@@ -1389,14 +1389,14 @@ ucx_call(ucx_link *ul, uint16_t type, int64_t id, uint16_t rtype,
         uint64_t rseq;
         uint16_t t;
         bool to;
-        int w = llmdd__wait_fd(dd, fd, POLLIN, deadline);
+        int w = llmdd__wait_fd(dd->stop_fd, fd, POLLIN, deadline);
         if (w == 0) {
             st = LLM_TIMEOUT;
             break;
         }
         if (w < 0 ||
-            llmdd__recv_msg(dd, fd, &t, in, LLMDD_WIRE_MAX_PAYLOAD, rlen,
-                            deadline, &to) != 0 ||
+            llmdd__recv_msg(dd->stop_fd, fd, &t, in, LLMDD_WIRE_MAX_PAYLOAD,
+                            rlen, deadline, &to) != 0 ||
             (t != WMSG_UCX_QUERY_REPLY && t != WMSG_UCX_REVOKE_ACK) ||
             ucx_reply_seq(in, *rlen, &rseq) != 0 || rseq > seq) {
             broken = true;
@@ -1435,7 +1435,7 @@ ucx_send_status(llmdd *dd, int fd, uint16_t type, uint64_t seq, uint32_t st)
                          &(llmdd__ucx_reply){.seq = seq, .status = st}, out,
                          sizeof(out));
 
-    return llmdd__send_msg(dd, fd, type, out, n,
+    return llmdd__send_msg(dd->stop_fd, fd, type, out, n,
                            llmdd__now_ms() + UCX_STALL_MS);
 }
 
@@ -1474,7 +1474,7 @@ ucx_send_reply(llmdd *dd, int fd, uint64_t seq, const llmdd__cache *c,
     }
     size_t n = llmdd__ucx_reply_encode(&m, buf, need);
     rc = n == 0 ? ucx_send_status(dd, fd, WMSG_UCX_QUERY_REPLY, seq, LLM_FAILED)
-                : llmdd__send_msg(dd, fd, WMSG_UCX_QUERY_REPLY, buf, n,
+                : llmdd__send_msg(dd->stop_fd, fd, WMSG_UCX_QUERY_REPLY, buf, n,
                                   llmdd__now_ms() + UCX_STALL_MS);
     free(buf);
     free(g);
@@ -1613,8 +1613,8 @@ ucx_serve(ucx_link *ul, int fd)
         int rc = -1;
 
         /* Idle connections wait for as long as the link lives. */
-        if (llmdd__wait_fd(dd, fd, POLLIN, INT64_MAX) != 1 ||
-            llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len,
+        if (llmdd__wait_fd(dd->stop_fd, fd, POLLIN, INT64_MAX) != 1 ||
+            llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
                             llmdd__now_ms() + UCX_STALL_MS, &to) != 0)
             break;
         if (type == WMSG_UCX_QUERY)
@@ -1767,15 +1767,17 @@ ucx_accept_hello(ucx_link *ul, int fd)
     ul->hello_done = true;
     pthread_mutex_unlock(&ul->lock);
     if (buf == NULL || !first ||
-        llmdd__recv_msg(dd, fd, &type, buf, cap, &len, deadline, &to) != 0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len, deadline,
+                        &to) != 0 ||
         type != WMSG_UCX_HELLO)
         goto err;
     st = ucx_hello_take(ul, buf, len);
     if (st == LLM_SUCCESS && ucx_progress_start(ul) != 0)
         st = LLM_FAILED;
     n = ucx_hello_make(ul, st, &out);
-    if (n == 0 || llmdd__send_msg(dd, fd, WMSG_UCX_HELLO_REPLY, out, n,
-                                  deadline) != 0 ||
+    if (n == 0 ||
+        llmdd__send_msg(dd->stop_fd, fd, WMSG_UCX_HELLO_REPLY, out, n,
+                        deadline) != 0 ||
         st != LLM_SUCCESS)
         goto err;
     free(out);
@@ -1911,8 +1913,10 @@ ucx_link_init(llmdd__link *link, bool client)
     if ((n = ucx_hello_make(ul, LLM_SUCCESS, &out)) == 0 ||
         (buf = malloc(cap)) == NULL)
         goto out;
-    if (llmdd__send_msg(dd, fd, WMSG_UCX_HELLO, out, n, deadline) != 0 ||
-        llmdd__recv_msg(dd, fd, &type, buf, cap, &len, deadline, &to) != 0 ||
+    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_UCX_HELLO, out, n, deadline) !=
+            0 ||
+        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len, deadline,
+                        &to) != 0 ||
         type != WMSG_UCX_HELLO_REPLY) {
         st = to ? LLM_TIMEOUT : LLM_LINK_FAILED;
         log_error("ucx: hello with cluster %llu %s",

@@ -11,8 +11,8 @@
  * holds one instance (docs/operations.md).
  * Thread-safe: each line is written with one write(2).
  */
-#ifndef LLMDD_CORE_LOG_H
-#define LLMDD_CORE_LOG_H
+#ifndef LLMDD_BASE_LOG_H
+#define LLMDD_BASE_LOG_H
 
 enum llmdd__log_level {
     LLMDD_LOG_ERROR = 0,

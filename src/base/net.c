@@ -1,0 +1,234 @@
+#include "base/net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "ctrl/wire.h"
+
+int64_t
+llmdd__now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+
+    if (a->addr.ss_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a->addr;
+        inet_ntop(AF_INET, &v4->sin_addr, ip, sizeof(ip));
+        snprintf(buf, len, "%s:%u", ip, ntohs(v4->sin_port));
+    } else if (a->addr.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
+        inet_ntop(AF_INET6, &v6->sin6_addr, ip, sizeof(ip));
+        snprintf(buf, len, "[%s]:%u", ip, ntohs(v6->sin6_port));
+    } else {
+        snprintf(buf, len, "?");
+    }
+}
+
+_Thread_local const llmdd__cancel *llmdd__tls_cancel;
+
+bool
+llmdd__cancelled(void)
+{
+    const llmdd__cancel *c = llmdd__tls_cancel;
+
+    return c != NULL && atomic_load(&c->flag);
+}
+
+int
+llmdd__wait_fd(int stop_fd, int fd, short events, int64_t deadline_ms)
+{
+    const llmdd__cancel *c = llmdd__tls_cancel;
+
+    for (;;) {
+        struct pollfd p[3] = {{.fd = fd, .events = events},
+                              {.fd = stop_fd, .events = POLLIN},
+                              {.fd = c != NULL ? c->fd : -1, .events = POLLIN}};
+        int64_t left = deadline_ms - llmdd__now_ms();
+        if (left <= 0)
+            return 0;
+        int n = poll(p, 3, left > 60000 ? 60000 : (int)left);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            continue;
+        if (p[1].revents != 0 || p[2].revents != 0)
+            return -1; /* stopping, or this thread's request was cancelled */
+        if (p[0].revents & (events | POLLERR | POLLHUP | POLLNVAL))
+            return 1;
+    }
+}
+
+int
+llmdd__read_full(int stop_fd, int fd, void *buf, size_t len,
+                 int64_t deadline_ms)
+{
+    uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return -1;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (llmdd__wait_fd(stop_fd, fd, POLLIN, deadline_ms) != 1)
+            return -1;
+    }
+    return 0;
+}
+
+int
+llmdd__write_full(int stop_fd, int fd, const void *buf, size_t len,
+                  int64_t deadline_ms)
+{
+    const uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (llmdd__wait_fd(stop_fd, fd, POLLOUT, deadline_ms) != 1)
+            return -1;
+    }
+    return 0;
+}
+
+int
+llmdd__send_msg(int stop_fd, int fd, uint16_t type, const void *payload,
+                size_t len, int64_t deadline_ms)
+{
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)payload, len}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len > 0 ? 2 : 1};
+
+    llmdd__wire_frame_encode(hdr, type, (uint32_t)len);
+    /* Small messages nearly always go in one call; finish by hand if not. */
+    ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        n = 0;
+    }
+    size_t sent = (size_t)n;
+    if (sent < sizeof(hdr)) {
+        if (llmdd__write_full(stop_fd, fd, hdr + sent, sizeof(hdr) - sent,
+                              deadline_ms) != 0)
+            return -1;
+        sent = sizeof(hdr);
+    }
+    sent -= sizeof(hdr);
+    if (sent < len)
+        return llmdd__write_full(stop_fd, fd, (const uint8_t *)payload + sent,
+                                 len - sent, deadline_ms);
+    return 0;
+}
+
+int
+llmdd__recv_msg(int stop_fd, int fd, uint16_t *type, uint8_t *buf, size_t cap,
+                size_t *len, int64_t deadline_ms, bool *timed_out)
+{
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    llmdd__frame f;
+
+    *timed_out = false;
+    if (llmdd__read_full(stop_fd, fd, hdr, sizeof(hdr), deadline_ms) != 0)
+        goto err;
+    if (llmdd__wire_frame_decode(hdr, &f) != 0 || f.len > cap)
+        return -1;
+    if (llmdd__read_full(stop_fd, fd, buf, f.len, deadline_ms) != 0)
+        goto err;
+    *type = f.type;
+    *len = f.len;
+    return 0;
+err:
+    *timed_out = llmdd__now_ms() >= deadline_ms;
+    return -1;
+}
+
+void
+llmdd__sock_tune(int fd, bool keepalive)
+{
+    int one = 1;
+
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (keepalive) {
+        int idle = 5, intvl = 2, cnt = 3;
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    }
+}
+
+int
+llmdd__connect(int stop_fd, const llmdd__sockaddr *addr, int64_t deadline_ms,
+               llmdd_status *status)
+{
+    char name[80];
+    int fd, err = 0;
+    socklen_t elen = sizeof(err);
+
+    llmdd__sockaddr_str(addr, name, sizeof(name));
+    fd = socket(addr->addr.ss_family,
+                SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        log_error("socket: %s", strerror(errno));
+        *status = LLM_LINK_FAILED;
+        return -1;
+    }
+    if (connect(fd, (const struct sockaddr *)&addr->addr, addr->len) == 0)
+        return fd;
+    if (errno != EINPROGRESS) {
+        err = errno;
+        goto fail;
+    }
+    int w = llmdd__wait_fd(stop_fd, fd, POLLOUT, deadline_ms);
+    if (w == 0) {
+        log_error("connect to %s: timed out", name);
+        close(fd);
+        *status = LLM_TIMEOUT;
+        return -1;
+    }
+    if (w < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
+        err != 0)
+        goto fail;
+    return fd;
+fail:
+    log_error("connect to %s: %s", name, strerror(err ? err : ECONNABORTED));
+    close(fd);
+    *status = LLM_LINK_FAILED;
+    return -1;
+}

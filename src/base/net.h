@@ -1,0 +1,80 @@
+/*
+ * Socket helpers below the core, the control plane and the socket
+ * transports: the monotonic clock every deadline is measured on, waits that
+ * a stop fd and this thread's cancellation interrupt, framed messages with
+ * deadlines, connect with a deadline, socket options. They take the fds
+ * they need, never an instance. Thread-safe; each function works on the fd
+ * it is given.
+ */
+#ifndef LLMDD_BASE_NET_H
+#define LLMDD_BASE_NET_H
+
+#include <llmdd/llmdd.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+typedef struct {
+    struct sockaddr_storage addr;
+    socklen_t len;
+} llmdd__sockaddr;
+
+/* Formats an address as "ip:port" or "[ip]:port". */
+void llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len);
+
+/* CLOCK_MONOTONIC in ms: the clock of every deadline. */
+int64_t llmdd__now_ms(void);
+
+/*
+ * The cancellation of the request whose transfer this thread runs
+ * (request.c sets it around ops->xfer). Every llmdd__wait_fd on the thread
+ * also wakes when fd becomes readable, so a transport blocked on a socket
+ * gives up at once; llmdd__cancelled() tells that cause apart from a lost
+ * peer, so the transport discards the connection but keeps the link.
+ */
+typedef struct {
+    int fd; /* eventfd, readable once cancelled */
+    atomic_bool flag;
+} llmdd__cancel;
+extern _Thread_local const llmdd__cancel *llmdd__tls_cancel;
+bool llmdd__cancelled(void);
+
+/*
+ * Waits until fd is ready for `events`, the deadline passes, stop_fd (the
+ * instance's, readable once finalize has begun) becomes readable or this
+ * thread's request is cancelled. Returns 1 when ready, 0 on timeout, -1 when
+ * stopping, cancelled or on error. A negative stop_fd is ignored (poll skips
+ * it).
+ */
+int llmdd__wait_fd(int stop_fd, int fd, short events, int64_t deadline_ms);
+/* Full read/write with a deadline; 0 on success, -1 otherwise. */
+int llmdd__read_full(int stop_fd, int fd, void *buf, size_t len,
+                     int64_t deadline_ms);
+int llmdd__write_full(int stop_fd, int fd, const void *buf, size_t len,
+                      int64_t deadline_ms);
+
+/* Sends a frame header and payload in one sendmsg; 0 on success. */
+int llmdd__send_msg(int stop_fd, int fd, uint16_t type, const void *payload,
+                    size_t len, int64_t deadline_ms);
+/*
+ * Receives one frame whose payload is at most `cap` bytes into buf.
+ * Returns 0 and fills *type and *len, or -1 on a bad header, an oversized
+ * payload, EOF, timeout or stop. *timed_out tells a timeout apart.
+ */
+int llmdd__recv_msg(int stop_fd, int fd, uint16_t *type, uint8_t *buf,
+                    size_t cap, size_t *len, int64_t deadline_ms,
+                    bool *timed_out);
+
+/*
+ * Connects a non-blocking TCP socket to addr by the deadline. Returns the fd,
+ * or -1 with *status set: LLM_LINK_FAILED (refused, unreachable) or
+ * LLM_TIMEOUT.
+ */
+int llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
+                   int64_t deadline_ms, llmdd_status *status);
+
+/* TCP_NODELAY and, for control sockets, keepalive so a dead host shows. */
+void llmdd__sock_tune(int fd, bool keepalive);
+
+#endif

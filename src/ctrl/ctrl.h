@@ -1,0 +1,64 @@
+/*
+ * Private to the control plane (src/ctrl), never included outside it: the
+ * control thread's state and what the plane's files share. ctrl.c runs the
+ * control thread and the listener and reads every link's control messages;
+ * handshake.c runs both sides of the handshake and its authentication;
+ * linking.c runs the link and unlink calls. The struct llmdd__ctrl fields
+ * marked so are guarded by dd->lock; the functions are thread-safe.
+ */
+#ifndef LLMDD_CTRL_CTRL_H
+#define LLMDD_CTRL_CTRL_H
+
+#include "base/net.h"
+#include "core/internal.h"
+#include "ctrl/wire.h"
+
+#define HANDSHAKE_MS 2000
+#define HANDSHAKE_MAX 128
+#define CTRL_MSG_MAX LLMDD_CTRL_MSG_MAX
+
+struct llmdd__ctrl {
+    pthread_t thread;
+    int wake_fd;
+    /* Guarded by dd->lock. */
+    int listen_fd;
+    bool stop;
+    uint64_t gen, seen_gen; /* the thread has rebuilt its poll set */
+    int handshakes;
+    /* Handshakes still waiting for their HELLO: fd (-1: free) and since. */
+    int waiting[HANDSHAKE_MAX];
+    int64_t waiting_since[HANDSHAKE_MAX];
+    llmdd__sockaddr bound; /* where listen_fd listens; guarded by dd->lock */
+    /* The control thread's own: while accept cannot get a descriptor the
+     * listener is not polled until accept_resume (CLOCK_MONOTONIC ms). */
+    int64_t accept_resume;
+    int accept_backoff_ms;
+};
+
+/* Wakes the control thread: its poll set or the link table changed. */
+void llmdd__ctrl_wake(llmdd *dd);
+/*
+ * The next whole control frame of a link, read incrementally so that a peer
+ * which sends part of a frame and stops blocks nobody: 1 and the frame, 0
+ * when more bytes must arrive first, -1 on EOF, error or a bad frame.
+ */
+int llmdd__ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf,
+                        size_t *len);
+/* The handshake on fd got its HELLO, or failed: it cannot be evicted now. */
+void llmdd__ctrl_hello_done(llmdd *dd, int fd);
+
+/* A connection the listener accepted, for its handshake thread. */
+struct llmdd__handshake_arg {
+    llmdd *dd;
+    int fd;
+};
+/* Runs the server side of a handshake; arg is malloc'd and freed here. */
+void *llmdd__handshake_main(void *arg);
+/*
+ * The client side of the control handshake, up to a published link (or
+ * the peer's own link, when its crossing link call wins).
+ */
+llmdd_status llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci,
+                                   int64_t deadline);
+
+#endif
