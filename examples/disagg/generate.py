@@ -33,7 +33,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import select  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -106,8 +105,11 @@ def prefill_role(a):
     opts = {"llm.ListenIpInfo": a.prefill_host, "llm.Transport": a.transport,
             "llm.SyncKvCacheWaitTime": "10000"}
     with llmdd.Instance(PREFILL_ID, llmdd.Role.PROMPT, options=opts) as dd:
-        if not a.json:
-            print(f"prefill: listening on {a.prefill_host} ({a.transport})", flush=True)
+        addr = dd.listen_address()
+        if a.json:                           # the launcher waits for this line
+            print(json.dumps({"listen": addr}), flush=True)
+        else:
+            print(f"prefill: listening on {addr} ({a.transport})", flush=True)
         model = cache = cache_t = ps = None
         free, inflight, dec, done = [], [], None, False
         while not done or inflight:
@@ -269,12 +271,6 @@ def report(cfg, lengths, ref, results, transport, same_clock=False):
     return 0 if ok else 1
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", choices=("both", "prefill", "decode"), default="both")
@@ -312,12 +308,19 @@ def main():
         return 1
     ref = {"tokens": refs[0]["tokens"], "rounds": refs[1:]}
     if ":" not in a.prefill_host:
-        a.prefill_host += f":{free_port()}"
+        a.prefill_host += ":0"                    # the kernel picks; the prefill says which
     common = [sys.executable, os.path.abspath(__file__), "--transport", a.transport,
-              "--prefill-host", a.prefill_host, "--rounds", str(a.rounds)]
+              "--rounds", str(a.rounds)]
     common += ["--break", a.brk] if a.brk else []
-    pre = subprocess.Popen(common + ["--role", "prefill", "--json"])
+    pre = subprocess.Popen(common + ["--role", "prefill", "--json",
+                                     "--prefill-host", a.prefill_host],
+                           stdout=subprocess.PIPE, text=True)
     try:
+        line = pre.stdout.readline()
+        if not line:
+            print(f"prefill failed (exit {pre.wait(timeout=30)})")
+            return 1
+        common += ["--prefill-host", json.loads(line)["listen"]]
         cmd = common + ["--role", "decode", "--json"]
         cmd += ["--small"] if a.small else []
         cmd += ["--decode-host", a.decode_host] if a.decode_host else []
