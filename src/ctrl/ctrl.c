@@ -26,7 +26,7 @@
 
 #include "core/internal.h"
 #include "ctrl/net.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128

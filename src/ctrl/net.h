@@ -7,7 +7,7 @@
 #define LLMDD_CTRL_NET_H
 
 #include "core/internal.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 
 /* Sends a frame header and payload in one sendmsg; 0 on success. */
 int llmdd__send_msg(llmdd *dd, int fd, uint16_t type, const void *payload,

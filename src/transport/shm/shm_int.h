@@ -29,12 +29,13 @@
 #include "core/copy.h"
 #include "core/internal.h"
 #include "ctrl/net.h"
-#include "ctrl/wire.h"
+#include "base/codec.h"
+#include "base/wire.h"
 #include "transport/shm/shm.h"
 #include "transport/stream/stream.h"
 
 #define SHM_MAGIC 0x4d48534cu /* "LSHM" little-endian */
-#define SHM_VERSION 1
+#define SHM_VERSION 2 /* 2: QUERY_REPLY's desc without a length prefix */
 #define SHM_HDR_LEN 16
 #define SHM_MSG_MAX 65536
 /* A registered cache whose addresses fit in one reply uses CMA. */
@@ -124,18 +125,11 @@ typedef struct {
     size_t nleases, leases_cap;
 } shm_link;
 
-/* A bounded reader of a message body. */
-typedef struct {
-    const uint8_t *p;
-    size_t len, off;
-    bool bad;
-} shm_rbuf;
-
 /* A message as shm_sock.c received it. */
 typedef struct {
     uint16_t type;
     uint64_t seq;
-    shm_rbuf body;
+    llmdd__rbuf body;
     int fd; /* a passed descriptor, or -1 */
 } shm_msg;
 

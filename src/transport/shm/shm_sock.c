@@ -6,57 +6,6 @@
  */
 #include "transport/shm/shm_int.h"
 
-/* ---- Explicit little-endian encoding. ---- */
-
-typedef struct {
-    uint8_t *p;
-    size_t cap, len;
-    bool bad;
-} shm_wbuf;
-
-static void
-w_bytes(shm_wbuf *w, const void *src, size_t n)
-{
-    if (w->bad || n > w->cap - w->len) {
-        w->bad = true;
-        return;
-    }
-    memcpy(w->p + w->len, src, n);
-    w->len += n;
-}
-
-static void
-w_u64(shm_wbuf *w, uint64_t v, size_t n)
-{
-    uint8_t b[8];
-
-    for (size_t i = 0; i < n; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    w_bytes(w, b, n);
-}
-
-static const uint8_t *
-r_bytes(shm_rbuf *r, size_t n)
-{
-    if (r->bad || n > r->len - r->off) {
-        r->bad = true;
-        return NULL;
-    }
-    r->off += n;
-    return r->p + r->off - n;
-}
-
-static uint64_t
-r_u64(shm_rbuf *r, size_t n)
-{
-    const uint8_t *b = r_bytes(r, n);
-    uint64_t v = 0;
-
-    for (size_t i = 0; b != NULL && i < n; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
 /* ---- Messages on the socket. ---- */
 
 int
@@ -65,7 +14,7 @@ llmdd__shm_send(shm_link *sl, uint16_t type, uint64_t seq,
                 int64_t deadline)
 {
     uint8_t hdr[SHM_HDR_LEN];
-    shm_wbuf w = {.p = hdr, .cap = sizeof(hdr)};
+    llmdd__wbuf w = LLMDD__WBUF(hdr, sizeof(hdr));
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -73,10 +22,10 @@ llmdd__shm_send(shm_link *sl, uint16_t type, uint64_t seq,
     struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)payload, len}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len > 0 ? 2 : 1};
 
-    w_u64(&w, SHM_MAGIC, 4);
-    w_u64(&w, SHM_VERSION, 2);
-    w_u64(&w, type, 2);
-    w_u64(&w, seq, 8);
+    llmdd__put_u32(&w, SHM_MAGIC);
+    llmdd__put_u16(&w, SHM_VERSION);
+    llmdd__put_u16(&w, type);
+    llmdd__put_u64(&w, seq);
     if (pass_fd >= 0) {
         memset(&cm, 0, sizeof(cm));
         mh.msg_control = cm.buf;
@@ -140,12 +89,12 @@ llmdd__shm_recv(shm_link *sl, shm_msg *m)
     }
     if (k == 0 && m->fd < 0)
         return 0;
-    shm_rbuf h = {.p = buf, .len = (size_t)k};
-    uint32_t magic = (uint32_t)r_u64(&h, 4);
-    uint16_t version = (uint16_t)r_u64(&h, 2);
-    m->type = (uint16_t)r_u64(&h, 2);
-    m->seq = r_u64(&h, 8);
-    if (h.bad || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+    llmdd__rbuf h = LLMDD__RBUF(buf, (size_t)k);
+    uint32_t magic = llmdd__get_u32(&h);
+    uint16_t version = llmdd__get_u16(&h);
+    m->type = llmdd__get_u16(&h);
+    m->seq = llmdd__get_u64(&h);
+    if (h.err || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
         magic != SHM_MAGIC || version != SHM_VERSION) {
         if (m->fd >= 0)
             close(m->fd);
@@ -153,8 +102,7 @@ llmdd__shm_recv(shm_link *sl, shm_msg *m)
         errno = EBADMSG;
         return -2;
     }
-    m->body = (shm_rbuf){.p = buf + SHM_HDR_LEN,
-                         .len = (size_t)k - SHM_HDR_LEN};
+    m->body = LLMDD__RBUF(buf + SHM_HDR_LEN, (size_t)k - SHM_HDR_LEN);
     return 1;
 }
 
@@ -189,11 +137,11 @@ llmdd__shm_call(shm_link *sl, uint16_t type, int64_t id, int64_t deadline,
                 shm_wait *w)
 {
     uint8_t payload[8];
-    shm_wbuf pw = {.p = payload, .cap = sizeof(payload)};
+    llmdd__wbuf pw = LLMDD__WBUF(payload, sizeof(payload));
     int rc = -1;
 
     memset(w, 0, sizeof(*w));
-    w_u64(&pw, (uint64_t)id, 8);
+    llmdd__put_i64(&pw, id);
     pthread_mutex_lock(&sl->lock);
     while (!sl->ready && !sl->nosock && !sl->down &&
            llmdd__now_ms() < deadline)
@@ -298,12 +246,12 @@ static int
 shm_serve_query(shm_link *sl, const shm_msg *m, uint8_t *out)
 {
     llmdd *dd = sl->link->dd;
-    shm_rbuf r = m->body;
-    shm_wbuf w = {.p = out, .cap = SHM_MSG_MAX};
-    int64_t id = (int64_t)r_u64(&r, 8);
+    llmdd__rbuf r = m->body;
+    llmdd__wbuf w = LLMDD__WBUF(out, SHM_MSG_MAX);
+    int64_t id = llmdd__get_i64(&r);
     int pass_fd = -1;
 
-    if (r.bad || r.off != r.len)
+    if (r.err || r.pos != r.len)
         return -1;
     /* Held from the lookup to the send: an INVAL for this cache cannot
      * overtake the reply. */
@@ -311,33 +259,29 @@ shm_serve_query(shm_link *sl, const shm_msg *m, uint8_t *out)
     llmdd__cache *c = llmdd__cache_get(dd, id);
     /* The peer may reach a cache only while we hold a lease on it. */
     int leased = c != NULL ? lease_add(sl, c) : -1;
-    w_u64(&w, (uint64_t)id, 8);
+    llmdd__put_i64(&w, id);
     if (leased < 0) {
-        w_u64(&w, LLM_KV_CACHE_NOT_EXIST, 4);
+        llmdd__put_u32(&w, LLM_KV_CACHE_NOT_EXIST);
     } else {
-        uint8_t d[16 + 8 * LLMDD_MAX_DIMS + 16];
-        size_t dn = llmdd__wire_desc_encode(LLM_SUCCESS, &c->desc, d,
-                                            sizeof(d));
-        w_u64(&w, LLM_SUCCESS, 4);
-        w_u64(&w, dn, 4);
-        w_bytes(&w, d, dn);
+        llmdd__put_u32(&w, LLM_SUCCESS);
+        llmdd__put_desc(&w, &c->desc);
         if (c->allocated) {
-            w_u64(&w, SHM_KIND_MEMFD, 4);
-            w_u64(&w, c->mem.pooled, 1);
-            w_u64(&w, c->mem.fd_off, 8);
-            w_u64(&w, c->mem.len, 8);
-            w_u64(&w, c->mem.pitch, 8);
+            llmdd__put_u32(&w, SHM_KIND_MEMFD);
+            llmdd__put_u8(&w, c->mem.pooled);
+            llmdd__put_u64(&w, c->mem.fd_off);
+            llmdd__put_u64(&w, c->mem.len);
+            llmdd__put_u64(&w, c->mem.pitch);
             pass_fd = c->mem.fd;
         } else if (c->desc.num_tensors <= SHM_CMA_TENSORS_MAX) {
-            w_u64(&w, SHM_KIND_CMA, 4);
-            w_u64(&w, c->desc.num_tensors, 4);
+            llmdd__put_u32(&w, SHM_KIND_CMA);
+            llmdd__put_u32(&w, c->desc.num_tensors);
             for (uint32_t t = 0; t < c->desc.num_tensors; t++)
-                w_u64(&w, c->addrs[t], 8);
+                llmdd__put_u64(&w, c->addrs[t]);
         } else {
-            w_u64(&w, SHM_KIND_STREAM, 4);
+            llmdd__put_u32(&w, SHM_KIND_STREAM);
         }
     }
-    int rc = w.bad ? -1
+    int rc = w.err ? -1
                    : llmdd__shm_send(sl, SMSG_QUERY_REPLY, m->seq, out, w.len,
                                      pass_fd, llmdd__now_ms() + SHM_STALL_MS);
     pthread_mutex_unlock(&sl->expose_lock);
@@ -351,7 +295,7 @@ llmdd__shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
 {
     shm_link *sl = link->tp;
     uint8_t payload[8];
-    shm_wbuf pw = {.p = payload, .cap = sizeof(payload)};
+    llmdd__wbuf pw = LLMDD__WBUF(payload, sizeof(payload));
     shm_wait w;
     bool leased = false;
 
@@ -360,7 +304,7 @@ llmdd__shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
     /* Requests on the fallback data plane hold the cache too. */
     llmdd__stream_cache_removed(sl->stream, cache);
     memset(&w, 0, sizeof(w));
-    w_u64(&pw, (uint64_t)cache->id, 8);
+    llmdd__put_i64(&pw, cache->id);
     int64_t deadline = llmdd__now_ms() + llmdd__shm_wait_ms(link->dd);
     pthread_mutex_lock(&sl->expose_lock);
     for (size_t i = 0; i < sl->nleases && !leased; i++)
@@ -409,29 +353,26 @@ llmdd__shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
 static int
 shm_on_query_reply(shm_link *sl, shm_msg *m)
 {
-    shm_rbuf r = m->body;
-    int64_t id = (int64_t)r_u64(&r, 8);
-    uint32_t status = (uint32_t)r_u64(&r, 4), dstatus;
+    llmdd__rbuf r = m->body;
+    int64_t id = llmdd__get_i64(&r);
+    uint32_t status = llmdd__get_u32(&r);
     llmdd_cache_desc desc;
     uint64_t tsize, stride;
     shm_entry *e = NULL, *have;
     int fd = m->fd;
 
     m->fd = -1;
-    if (r.bad)
+    if (r.err)
         goto err_proto;
     if (status != LLM_SUCCESS) {
-        if (r.off != r.len)
+        if (r.pos != r.len)
             goto err_proto;
         goto not_exist;
     }
-    size_t dn = (size_t)r_u64(&r, 4);
-    const uint8_t *d = r_bytes(&r, dn);
-    if (d == NULL || llmdd__wire_desc_decode(d, dn, &dstatus, &desc) != 0 ||
-        dstatus != LLM_SUCCESS ||
-        llmdd__desc_check(&desc, &tsize, &stride) != LLM_SUCCESS)
+    llmdd__get_desc(&r, &desc);
+    if (r.err || llmdd__desc_check(&desc, &tsize, &stride) != LLM_SUCCESS)
         goto err_proto;
-    uint32_t kind = (uint32_t)r_u64(&r, 4);
+    uint32_t kind = llmdd__get_u32(&r);
 
     pthread_mutex_lock(&sl->lock);
     have = llmdd__shm_entry_find(sl, id);
@@ -455,27 +396,27 @@ shm_on_query_reply(shm_link *sl, shm_msg *m)
     e->ntensors = desc.num_tensors;
     e->tensor_size = tsize;
     if (kind == SHM_KIND_MEMFD) {
-        bool pooled = r_u64(&r, 1) != 0;
-        uint64_t fd_off = r_u64(&r, 8), len = r_u64(&r, 8);
-        e->pitch = r_u64(&r, 8);
-        if (r.bad || r.off != r.len)
+        bool pooled = llmdd__get_u8(&r) != 0;
+        uint64_t fd_off = llmdd__get_u64(&r), len = llmdd__get_u64(&r);
+        e->pitch = llmdd__get_u64(&r);
+        if (r.err || r.pos != r.len)
             goto err_proto;
         int mrc = llmdd__shm_map(sl, e, fd, pooled, fd_off, len);
         fd = -1; /* llmdd__shm_map owns it */
         if (mrc != 0)
             goto not_exist;
     } else if (kind == SHM_KIND_CMA) {
-        uint32_t n = (uint32_t)r_u64(&r, 4);
-        if (r.bad || n != desc.num_tensors || n > SHM_CMA_TENSORS_MAX)
+        uint32_t n = llmdd__get_u32(&r);
+        if (r.err || n != desc.num_tensors || n > SHM_CMA_TENSORS_MAX)
             goto err_proto;
         e->addrs = malloc(n * sizeof(*e->addrs));
         if (e->addrs == NULL)
             goto not_exist;
         for (uint32_t t = 0; t < n; t++)
-            e->addrs[t] = r_u64(&r, 8);
-        if (r.bad || r.off != r.len)
+            e->addrs[t] = llmdd__get_u64(&r);
+        if (r.err || r.pos != r.len)
             goto err_proto;
-    } else if (kind != SHM_KIND_STREAM || r.off != r.len) {
+    } else if (kind != SHM_KIND_STREAM || r.pos != r.len) {
         goto err_proto;
     }
     if (fd >= 0)
@@ -505,10 +446,10 @@ err_proto:
 static int
 shm_on_inval(shm_link *sl, const shm_msg *m)
 {
-    shm_rbuf r = m->body;
-    int64_t id = (int64_t)r_u64(&r, 8);
+    llmdd__rbuf r = m->body;
+    int64_t id = llmdd__get_i64(&r);
 
-    if (r.bad || r.off != r.len)
+    if (r.err || r.pos != r.len)
         return -1;
     pthread_mutex_lock(&sl->lock);
     shm_entry *e = llmdd__shm_entry_find(sl, id);

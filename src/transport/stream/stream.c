@@ -27,7 +27,7 @@
 
 #include "core/internal.h"
 #include "ctrl/net.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "transport/stream/stream.h"
 
 #define STREAM_SERVE_MAX 8

@@ -40,22 +40,13 @@
 static bool
 ucx_rkey_sane(const uint8_t *k, uint32_t len)
 {
-    uint64_t map = 0;
-    size_t pos = 9;
+    llmdd__rbuf r = LLMDD__RBUF(k, len);
+    uint64_t map = llmdd__get_u64(&r);
 
-    if (len < 9)
-        return false;
-    for (int i = 0; i < 8; i++)
-        map |= (uint64_t)k[i] << (8 * i);
-    for (; map != 0; map &= map - 1) {
-        if (pos >= len)
-            return false;
-        size_t n = k[pos++];
-        if (len - pos < n)
-            return false;
-        pos += n;
-    }
-    return true;
+    (void)llmdd__get_u8(&r); /* the memory type */
+    for (; map != 0 && !r.err; map &= map - 1)
+        (void)llmdd__get_span(&r, llmdd__get_u8(&r));
+    return !r.err;
 }
 
 /* Destroys the keys of slot s (lock held; no operation uses them). */

@@ -21,7 +21,8 @@
 
 #include "core/internal.h"
 #include "ctrl/net.h"
-#include "ctrl/wire.h"
+#include "base/codec.h"
+#include "base/wire.h"
 #include "transport/ucx/ucx_wire.h"
 
 #define UCX_EPS 4          /* request endpoints: concurrent transfers a link */

@@ -29,18 +29,6 @@ ucx_serve_track(ucx_link *ul, int fd, bool add)
     return ok;
 }
 
-/* The first 8 bytes of every reply: the request's seq. */
-static int
-ucx_reply_seq(const uint8_t *buf, size_t len, uint64_t *seq)
-{
-    if (len < 8)
-        return -1;
-    *seq = 0;
-    for (int i = 0; i < 8; i++)
-        *seq |= (uint64_t)buf[i] << (8 * i);
-    return 0;
-}
-
 /*
  * Sends a QUERY or REVOKE on the request connection and receives its reply
  * into buf (cap bytes). A deadline that passes before any byte of the reply
@@ -102,7 +90,7 @@ llmdd__ucx_call(ucx_link *ul, uint16_t type, int64_t id, uint16_t rtype,
             llmdd__recv_msg(dd, fd, &t, in, LLMDD_WIRE_MAX_PAYLOAD, rlen,
                             deadline, &to) != 0 ||
             (t != WMSG_UCX_QUERY_REPLY && t != WMSG_UCX_REVOKE_ACK) ||
-            ucx_reply_seq(in, *rlen, &rseq) != 0 || rseq > seq) {
+            llmdd__ucx_seq_peek(in, *rlen, &rseq) != 0 || rseq > seq) {
             broken = true;
             break;
         }

@@ -1,6 +1,6 @@
 /*
  * The ucx transport's exchange messages (docs/rdma.md). They travel in the
- * common frame (ctrl/wire.h: magic, version, type, length) with the types
+ * common frame (base/wire.h: magic, version, type, length) with the types
  * WMSG_UCX_*, over the link's data connections:
  *
  *   UCX_HELLO        version, the sender's UCP version, flags, the key its
@@ -118,6 +118,9 @@ size_t llmdd__ucx_ack_encode(uint64_t seq, uint32_t status, uint8_t *buf,
                              size_t cap);
 int llmdd__ucx_ack_decode(const uint8_t *buf, size_t len, uint64_t *seq,
                           uint32_t *status);
+
+/* The seq every reply (QUERY_REPLY, REVOKE_ACK) starts with. */
+int llmdd__ucx_seq_peek(const uint8_t *buf, size_t len, uint64_t *seq);
 
 /* QUERY_REPLY. The size a successful reply needs, 0 on overflow. */
 size_t llmdd__ucx_reply_size(const llmdd__ucx_reply *m);
