@@ -36,11 +36,26 @@
 
 #include <llmdd/llmdd.h>
 
+#include "base/wire.h"
+
 #define LLMDD_UCX_WIRE_VERSION 2
 #define LLMDD_UCX_ADDR_MAX 65536u /* a worker address */
 #define LLMDD_UCX_RKEY_MAX 4096u  /* one packed remote key */
 #define LLMDD_UCX_AM_CHUNK (256u << 10) /* the most one GET or PUT moves */
 #define LLMDD_UCX_HELLO_RDMA 1u /* flags: the sender has an RDMA transport */
+
+/* Frame types, in the range base/wire.h reserves for ucx. */
+enum {
+    WMSG_UCX_HELLO = WMSG_UCX_FIRST,
+    WMSG_UCX_HELLO_REPLY,
+    WMSG_UCX_QUERY,
+    WMSG_UCX_QUERY_REPLY,
+    WMSG_UCX_REVOKE,
+    WMSG_UCX_REVOKE_ACK,
+    WMSG_UCX_END /* not a type */
+};
+_Static_assert(WMSG_UCX_END - 1 <= WMSG_UCX_LAST,
+               "ucx frame types outside their range");
 
 /* Active message ids. */
 enum {
