@@ -290,7 +290,6 @@ llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
 /* Creates dd->host_pool when configured; dd->lock held. */
 llmdd_status llmdd__pool_setup(llmdd *dd);
 /* Fills a remote-cache description of a live local cache. */
-void llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out);
 
 /* The process-wide instance list, for in-process peers (instance.c). */
 void llmdd__instances_lock(void);

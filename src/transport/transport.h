@@ -19,10 +19,13 @@ struct llmdd__link;
 struct llmdd__peer;
 struct llmdd__cache;
 
-/* What a link knows of one of the peer's caches. */
+/*
+ * What a link knows of one of the peer's caches. ops->query gives desc and
+ * priv; the core (llmdd__link_remote) checks desc and derives the sizes.
+ */
 typedef struct llmdd__remote_cache {
     int64_t id;
-    llmdd_cache_desc desc;
+    llmdd_cache_desc desc; /* checked with llmdd__desc_check */
     uint64_t tensor_size;
     uint64_t stride;
     void *priv; /* the transport's, released by ops->remote_free */
@@ -91,11 +94,16 @@ typedef struct llmdd_transport_ops {
     void (*accept_conn)(struct llmdd__link *link, int fd, uint32_t flags);
 
     /*
-     * Asks the peer to describe its cache `id`. LLM_KV_CACHE_NOT_EXIST when
-     * the peer has no such cache.
+     * Asks the peer to describe its cache `id`: its desc as the peer sent it
+     * (untrusted; the core validates it once, with llmdd__desc_check, and
+     * computes the sizes) and the transport's own state for it in *priv
+     * (NULL when it keeps none). LLM_KV_CACHE_NOT_EXIST when the peer has no
+     * such cache. On failure nothing is left for remote_free.
      */
     llmdd_status (*query)(struct llmdd__link *link, int64_t id,
-                          int64_t deadline_ms, llmdd__remote_cache *out);
+                          int64_t deadline_ms, llmdd_cache_desc *desc,
+                          void **priv);
+    /* Releases rc->priv. Optional where query never sets it. */
     void (*remote_free)(llmdd__remote_cache *rc);
 
     /*

@@ -71,7 +71,7 @@ loop_pin(const llmdd__link *link, int64_t id, uint32_t first, uint32_t count,
 
 static llmdd_status
 loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-           llmdd__remote_cache *out)
+           llmdd_cache_desc *desc, void **priv)
 {
     llmdd__cache *c;
     llmdd *peer;
@@ -82,7 +82,8 @@ loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
     st = loop_pin(link, id, 0, 1, &zero, &zero, 0, &peer, &c);
     if (st != LLM_SUCCESS)
         return st;
-    llmdd__cache_describe(c, out);
+    *desc = c->desc;
+    *priv = NULL;
     llmdd__cache_put(peer, c);
     return LLM_SUCCESS;
 }

@@ -145,27 +145,23 @@ llmdd__shm_entry_find(shm_link *sl, int64_t id)
 
 static llmdd_status
 shm_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-          llmdd__remote_cache *out)
+          llmdd_cache_desc *desc, void **priv)
 {
     shm_link *sl = link->tp;
     shm_wait w;
     int rc = llmdd__shm_call(sl, SMSG_QUERY, id, deadline_ms, &w);
 
+    *priv = NULL;
     if (rc == 1)
-        return llmdd__stream_query(sl->stream, id, deadline_ms, out);
+        return llmdd__stream_query(sl->stream, id, deadline_ms, desc);
     if (rc != 0)
         return llmdd__now_ms() >= deadline_ms ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
     if (w.status != LLM_SUCCESS || w.e == NULL) {
         llmdd__shm_entry_put(w.e);
         return LLM_KV_CACHE_NOT_EXIST;
     }
-    out->desc = w.desc;
-    if (llmdd__desc_check(&out->desc, &out->tensor_size, &out->stride) !=
-        LLM_SUCCESS) {
-        llmdd__shm_entry_put(w.e);
-        return LLM_KV_CACHE_NOT_EXIST;
-    }
-    out->priv = w.e;
+    *desc = w.desc;
+    *priv = w.e;
     return LLM_SUCCESS;
 }
 

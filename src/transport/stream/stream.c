@@ -464,7 +464,7 @@ io_status(llmdd__link *link, int64_t deadline)
 
 llmdd_status
 llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
-                    llmdd__remote_cache *out)
+                    llmdd_cache_desc *desc)
 {
     llmdd__link *link = s->link;
     llmdd *dd = link->dd;
@@ -483,19 +483,14 @@ llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
         llmdd__recv_msg(dd, fd, &type, buf, sizeof(buf), &len, deadline,
                         &to) != 0 ||
         type != WMSG_QUERY_REPLY ||
-        llmdd__wire_desc_decode(buf, len, &status, &out->desc) != 0) {
+        llmdd__wire_desc_decode(buf, len, &status, desc) != 0) {
         /* Drop first (if the peer is lost): then no REV is asked for. */
         st = io_status(link, deadline);
         pool_give(s, fd, false);
         return st;
     }
     pool_give(s, fd, true);
-    if (status != LLM_SUCCESS)
-        return LLM_KV_CACHE_NOT_EXIST;
-    if (llmdd__desc_check(&out->desc, &out->tensor_size, &out->stride) !=
-        LLM_SUCCESS)
-        return LLM_KV_CACHE_NOT_EXIST;
-    return LLM_SUCCESS;
+    return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
 }
 
 /* One request of at most LLMDD_WIRE_MAX_RUNS runs. */

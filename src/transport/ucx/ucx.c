@@ -537,7 +537,7 @@ ucx_rc_fill(ucx_rc *p, const llmdd__ucx_reply *m)
 
 static llmdd_status
 ucx_query(llmdd__link *link, int64_t id, int64_t deadline,
-          llmdd__remote_cache *out)
+          llmdd_cache_desc *desc, void **priv)
 {
     ucx_link *ul = link->tp;
     llmdd__ucx_reply m;
@@ -581,12 +581,8 @@ ucx_query(llmdd__link *link, int64_t id, int64_t deadline,
                 log_error("ucx: cluster %llu sent a bad key for cache %lld",
                           (unsigned long long)link->peer.cluster_id,
                           (long long)id);
-            if (st == LLM_SUCCESS) {
-                uint64_t stride;
-                out->desc = m.desc;
-                llmdd__desc_check(&m.desc, &out->tensor_size, &stride);
-                out->stride = stride;
-            }
+            if (st == LLM_SUCCESS)
+                *desc = m.desc;
             llmdd__ucx_reply_free(&m);
         }
     }
@@ -597,7 +593,7 @@ ucx_query(llmdd__link *link, int64_t id, int64_t deadline,
     if (st != LLM_SUCCESS)
         ucx_rc_unlist(ul, p);
     else
-        out->priv = p;
+        *priv = p;
     pthread_mutex_unlock(&ul->lock);
     if (st != LLM_SUCCESS)
         ucx_rc_free(p);
