@@ -60,13 +60,38 @@ typedef struct {
 /* The bytes a planned transfer moves: count times the sum of its runs. */
 uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);
 
+/*
+ * Mandatory ops: name, reaches, link_init, link_shutdown, link_fini, query
+ * and xfer; the core calls them without checking. The rest may be NULL.
+ * Registration (transport.c) leaves out, with an error, a table that lacks
+ * one (llmdd__transport_valid).
+ */
 typedef struct llmdd_transport_ops {
     const char *name;
 
     /*
-     * Whether the transport can reach this peer at all (same process, same
-     * kernel, a fabric). Used by "auto" in preference order and to refuse a
-     * forced transport that cannot work.
+     * Whether the transport can carry this link. Called in the handshake,
+     * before link_init, with link->peer (cluster id, pid, boot id, `local`)
+     * and link->client set; it must not block for long.
+     *
+     * Client side (ctrl.c transport_pick), which chooses. Under "auto" on
+     * both sides (link->forced false) every registered transport is asked
+     * in preference order and the first that says yes is used, so the
+     * answer is "this is the right transport for this peer", not only "it
+     * could work": ucx says no to a peer on the same kernel or without an
+     * RDMA device here, leaving it to shm or tcp. When either side named a
+     * transport (link->forced: ours, or else the server's from its
+     * HELLO_REPLY) only that one is asked and a no fails the link, so the
+     * answer is "it can work at all" (ucx: UCX initialises; shm: the same
+     * kernel and the peer's pid visible here).
+     *
+     * Server side (link->client false, link->forced false), which serves
+     * what the client chose in its CONFIRM: a no refuses the link. The
+     * answer is whether this side can serve it; it must not second-guess
+     * the client's preference (ucx says yes whenever UCX initialises, shm
+     * whenever the kernel is the same, even where another pid namespace
+     * hides the client's pid from us). The server also refuses when its own
+     * llm.Transport names another transport.
      */
     bool (*reaches)(const struct llmdd__link *link);
 
@@ -137,10 +162,14 @@ typedef struct llmdd_transport_ops {
     const char *(*info)(void);
 } llmdd_transport_ops;
 
-/* The registry: transports in "auto" preference order. */
+/* The registry: transports in "auto" preference order, each table checked
+ * once at first use. Thread-safe. */
 const llmdd_transport_ops *llmdd__transport_find(const char *name);
 bool llmdd__transport_known(const char *name);
 size_t llmdd__transport_count(void);
+/* NULL past the end. */
 const llmdd_transport_ops *llmdd__transport_at(size_t i);
+/* Whether a table has every mandatory op (see llmdd_transport_ops). */
+bool llmdd__transport_valid(const llmdd_transport_ops *ops);
 
 #endif
