@@ -301,6 +301,7 @@ ucx_link_new(llmdd__link *link)
     pthread_mutex_init(&ul->lock, NULL);
     pthread_mutex_init(&ul->map_lock, NULL);
     llmdd__cond_init(&ul->cond);
+    llmdd__serve_init(&ul->serve, &ul->lock, NULL, &ul->down, UCX_SERVE_MAX);
     return ul;
 }
 
@@ -457,8 +458,7 @@ ucx_link_shutdown(llmdd__link *link)
     ul->down = true;
     if (ul->req_fd >= 0)
         shutdown(ul->req_fd, SHUT_RDWR);
-    for (int i = 0; i < ul->nserve; i++)
-        shutdown(ul->serve[i], SHUT_RDWR);
+    llmdd__serve_shutdown(&ul->serve);
     pthread_cond_broadcast(&ul->cond);
     pthread_mutex_unlock(&ul->lock);
     if (ul->wake_fd >= 0)

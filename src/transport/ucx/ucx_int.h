@@ -23,6 +23,7 @@
 #include "ctrl/net.h"
 #include "base/codec.h"
 #include "base/wire.h"
+#include "transport/serve.h"
 #include "transport/ucx/ucx_wire.h"
 
 #define UCX_EPS 4          /* request endpoints: concurrent transfers a link */
@@ -160,8 +161,7 @@ struct ucx_link {
     int req_fd;
     bool req_busy;
     uint64_t seq;
-    int serve[UCX_SERVE_MAX];
-    int nserve;
+    llmdd__serve_set serve; /* under lock */
     bool hello_done;
 };
 

@@ -7,28 +7,6 @@
 
 /* ---- The exchange connections. ---- */
 
-static bool
-ucx_serve_track(ucx_link *ul, int fd, bool add)
-{
-    bool ok = true;
-
-    pthread_mutex_lock(&ul->lock);
-    if (add) {
-        ok = !ul->down && ul->nserve < UCX_SERVE_MAX;
-        if (ok)
-            ul->serve[ul->nserve++] = fd;
-    } else {
-        for (int i = 0; i < ul->nserve; i++) {
-            if (ul->serve[i] == fd) {
-                ul->serve[i] = ul->serve[--ul->nserve];
-                break;
-            }
-        }
-    }
-    pthread_mutex_unlock(&ul->lock);
-    return ok;
-}
-
 /*
  * Sends a QUERY or REVOKE on the request connection and receives its reply
  * into buf (cap bytes). A deadline that passes before any byte of the reply
@@ -294,7 +272,7 @@ ucx_serve(ucx_link *ul, int fd)
     llmdd *dd = link->dd;
     uint8_t buf[UCX_SMALL_MSG];
 
-    if (!ucx_serve_track(ul, fd, true)) {
+    if (!llmdd__serve_track(&ul->serve, fd, true)) {
         close(fd);
         return;
     }
@@ -316,7 +294,7 @@ ucx_serve(ucx_link *ul, int fd)
         if (rc != 0)
             break;
     }
-    ucx_serve_track(ul, fd, false);
+    llmdd__serve_track(&ul->serve, fd, false);
     close(fd);
     pthread_mutex_lock(&ul->lock);
     bool down = ul->down;
