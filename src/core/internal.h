@@ -161,6 +161,9 @@ bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
 int64_t llmdd__now_ms(void);
 int llmdd__random(void *buf, size_t len);
 const uint8_t *llmdd__boot_id(void);
+/* Whether the peer runs on this kernel (same boot id): the one test of
+ * "same host" for shared memory and cross-memory attach. */
+bool llmdd__peer_same_kernel(const llmdd__peer *p);
 
 /*
  * The cancellation of the request whose transfer this thread runs

@@ -89,6 +89,12 @@ llmdd__boot_id(void)
     return boot_id;
 }
 
+bool
+llmdd__peer_same_kernel(const llmdd__peer *p)
+{
+    return memcmp(p->boot_id, llmdd__boot_id(), LLMDD_BOOT_ID_LEN) == 0;
+}
+
 _Thread_local const llmdd__cancel *llmdd__tls_cancel;
 
 bool

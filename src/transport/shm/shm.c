@@ -179,8 +179,7 @@ shm_reaches(const llmdd__link *link)
 {
     pid_t pid = (pid_t)link->peer.pid;
 
-    if (memcmp(link->peer.boot_id, llmdd__boot_id(), LLMDD_BOOT_ID_LEN) !=
-        0) {
+    if (!llmdd__peer_same_kernel(&link->peer)) {
         log_info("shm: cluster %llu runs on another kernel",
                  (unsigned long long)link->peer.cluster_id);
         return false;

@@ -261,8 +261,7 @@ ucx_reaches(const llmdd__link *link)
      * it is for other hosts with RDMA. */
     if (link->forced)
         return true;
-    return probed->rdma && memcmp(link->peer.boot_id, llmdd__boot_id(),
-                                  LLMDD_BOOT_ID_LEN) != 0;
+    return probed->rdma && !llmdd__peer_same_kernel(&link->peer);
 }
 
 /* Once per process: what a forced ucx over UCX 1.13's tcp still risks. */
