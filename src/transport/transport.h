@@ -15,6 +15,8 @@
 
 #include <llmdd/llmdd.h>
 
+#include "core/layout.h"
+
 struct llmdd__link;
 struct llmdd__peer;
 struct llmdd__cache;
@@ -33,18 +35,14 @@ typedef struct llmdd__remote_cache {
     bool gone;
 } llmdd__remote_cache;
 
-/* A byte run inside each selected tensor. */
-typedef struct {
-    uint64_t remote_off;
-    uint64_t local_off;
-    uint64_t len;
-} llmdd__xrun;
-
 /*
  * One planned transfer: `count` tensor pairs (remote tensor remote_first + i
  * with local tensor base local[i]) times `nruns` runs. Runs apply in order,
- * tensor by tensor. Every offset and length is already checked against both
- * caches.
+ * tensor by tensor. A run (core/layout.h, the same as a local copy's) goes
+ * from src_off in the side the bytes leave, the remote tensor on a pull and
+ * the local one on a push, to dst_off in the other: llmdd__run_remote and
+ * llmdd__run_local name them by side. Every offset and length is already
+ * checked against both caches.
  */
 typedef struct {
     bool write; /* push: local -> remote; pull otherwise */
@@ -52,10 +50,24 @@ typedef struct {
     uint32_t remote_first;
     uint32_t count;
     uint8_t *const *local;
-    const llmdd__xrun *runs;
+    const llmdd__run *runs;
     size_t nruns;
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
 } llmdd__xfer;
+
+/* A run's offset in the remote tensor. */
+static inline uint64_t
+llmdd__run_remote(const llmdd__xfer *x, const llmdd__run *r)
+{
+    return x->write ? r->dst_off : r->src_off;
+}
+
+/* A run's offset in the local tensor. */
+static inline uint64_t
+llmdd__run_local(const llmdd__xfer *x, const llmdd__run *r)
+{
+    return x->write ? r->src_off : r->dst_off;
+}
 
 /* The bytes a planned transfer moves: count times the sum of its runs. */
 uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);

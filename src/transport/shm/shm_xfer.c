@@ -128,15 +128,11 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
     llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
-        uint8_t *lbase = x->local[t];
+        uint8_t *src = x->write ? x->local[t] : rbase;
+        uint8_t *dst = x->write ? rbase : x->local[t];
         for (size_t i = 0; i < x->nruns; i++) {
-            const llmdd__xrun *r = &x->runs[i];
-            if (x->write)
-                llmdd__copy(&b, rbase + r->remote_off, lbase + r->local_off,
-                            r->len);
-            else
-                llmdd__copy(&b, lbase + r->local_off, rbase + r->remote_off,
-                            r->len);
+            const llmdd__run *r = &x->runs[i];
+            llmdd__copy(&b, dst + r->dst_off, src + r->src_off, r->len);
         }
     }
     llmdd__copy_end(&b);
@@ -163,13 +159,14 @@ shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, int *err)
         uint64_t bdone = done;
         while (n < SHM_IOV_BATCH && bt < x->count &&
                total < SHM_CMA_BATCH_BYTES) {
-            const llmdd__xrun *run = &x->runs[br];
+            const llmdd__run *run = &x->runs[br];
             uint64_t len = run->len - bdone;
             if (len > SHM_CMA_BATCH_BYTES - total)
                 len = SHM_CMA_BATCH_BYTES - total;
-            liov[n].iov_base = x->local[bt] + run->local_off + bdone;
-            riov[n].iov_base = (void *)(uintptr_t)(
-                e->addrs[x->remote_first + bt] + run->remote_off + bdone);
+            liov[n].iov_base = x->local[bt] + llmdd__run_local(x, run) + bdone;
+            riov[n].iov_base =
+                (void *)(uintptr_t)(e->addrs[x->remote_first + bt] +
+                                    llmdd__run_remote(x, run) + bdone);
             liov[n].iov_len = riov[n].iov_len = (size_t)len;
             total += len;
             n++;
@@ -257,7 +254,8 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
         return LLM_PARAM_INVALID;
     for (size_t i = 0; i < x->nruns; i++)
         if (x->runs[i].len > e->tensor_size ||
-            x->runs[i].remote_off > e->tensor_size - x->runs[i].len)
+            llmdd__run_remote(x, &x->runs[i]) >
+                e->tensor_size - x->runs[i].len)
             return LLM_PARAM_INVALID;
     pthread_mutex_lock(&sl->lock);
     if (sl->down)

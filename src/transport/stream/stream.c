@@ -470,7 +470,7 @@ llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
 /* One request of at most LLMDD_WIRE_MAX_RUNS runs. */
 static llmdd_status
 xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
-           const llmdd__xrun *runs, size_t nruns, uint64_t *offs,
+           const llmdd__run *runs, size_t nruns, uint64_t *offs,
            uint64_t *lens, uint8_t *buf, size_t cap, bool *conn_ok)
 {
     llmdd *dd = link->dd;
@@ -482,9 +482,9 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
                          .lens = lens};
     seg_iter it = {.bases = x->local,
                    .count = x->count,
-                   .offs = &runs[0].local_off,
+                   .offs = x->write ? &runs[0].src_off : &runs[0].dst_off,
                    .lens = &runs[0].len,
-                   .step = sizeof(llmdd__xrun) / sizeof(uint64_t),
+                   .step = sizeof(llmdd__run) / sizeof(uint64_t),
                    .nruns = nruns};
     uint64_t total = 0;
     uint32_t status;
@@ -494,7 +494,7 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
 
     *conn_ok = false;
     for (size_t i = 0; i < nruns; i++) {
-        offs[i] = runs[i].remote_off;
+        offs[i] = llmdd__run_remote(x, &runs[i]);
         lens[i] = runs[i].len;
         total += runs[i].len;
     }

@@ -166,10 +166,12 @@ ucx_xfer_runs(ucx_xctx *c, const llmdd__xfer *x)
     for (uint32_t t = 0; t < x->count && st == LLM_SUCCESS; t++) {
         uint32_t rt = x->remote_first + t;
         ucp_rkey_h key = keys[c->p->treg[rt]];
-        for (size_t r = 0; r < x->nruns && st == LLM_SUCCESS; r++)
-            st = ucx_post(c, x->write, x->local[t] + x->runs[r].local_off,
-                          c->p->taddr[rt] + x->runs[r].remote_off, key,
-                          (size_t)x->runs[r].len);
+        for (size_t r = 0; r < x->nruns && st == LLM_SUCCESS; r++) {
+            const llmdd__run *run = &x->runs[r];
+            st = ucx_post(c, x->write, x->local[t] + llmdd__run_local(x, run),
+                          c->p->taddr[rt] + llmdd__run_remote(x, run), key,
+                          (size_t)run->len);
+        }
     }
     /* An RMA put is complete at the peer only once the endpoint is
      * flushed; an active-message PUT once it is acknowledged. */
@@ -198,9 +200,10 @@ ucx_gather_span(const llmdd__xfer *x, uint64_t *lo_out, uint64_t *span_out)
     if (x->write || x->nruns < UCX_GATHER_MIN_RUNS)
         return false;
     for (size_t r = 0; r < x->nruns; r++) {
-        const llmdd__xrun *run = &x->runs[r];
-        lo = run->remote_off < lo ? run->remote_off : lo;
-        hi = run->remote_off + run->len > hi ? run->remote_off + run->len : hi;
+        /* A pull: the remote side is the source. */
+        const llmdd__run *run = &x->runs[r];
+        lo = run->src_off < lo ? run->src_off : lo;
+        hi = run->src_off + run->len > hi ? run->src_off + run->len : hi;
         if (__builtin_add_overflow(bytes, run->len, &bytes))
             bytes = UINT64_MAX;
     }
@@ -250,7 +253,7 @@ ucx_xfer_gather(ucx_xctx *c, const llmdd__xfer *x, uint64_t lo,
             const uint8_t *src = bounce + (size_t)i * span - lo;
             uint8_t *dst = x->local[t0 + i];
             for (size_t r = 0; r < x->nruns; r++)
-                memcpy(dst + x->runs[r].local_off, src + x->runs[r].remote_off,
+                memcpy(dst + x->runs[r].dst_off, src + x->runs[r].src_off,
                        (size_t)x->runs[r].len);
         }
         pthread_mutex_lock(&c->ul->lock);
