@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 
 int64_t
 llmdd__now_ms(void)

@@ -778,16 +778,6 @@ err:
     return LLM_PARAM_INVALID;
 }
 
-void
-llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->id = c->id;
-    out->desc = c->desc;
-    out->tensor_size = c->tensor_size;
-    out->stride = c->stride;
-}
-
 llmdd_status
 llmdd__pool_setup(llmdd *dd)
 {

@@ -184,6 +184,9 @@ bool llmdd__memcg_fits(const llmdd__memcg *cg, uint64_t len);
 /* Misc utilities (util.c); the clock and fd waits are in base/net.h. */
 int llmdd__random(void *buf, size_t len);
 const uint8_t *llmdd__boot_id(void);
+/* Whether the peer runs on this kernel (same boot id): the one test of
+ * "same host" for shared memory and cross-memory attach. */
+bool llmdd__peer_same_kernel(const llmdd__peer *p);
 
 /* A condition variable timed against CLOCK_MONOTONIC, like every deadline. */
 void llmdd__cond_init(pthread_cond_t *cond);
@@ -286,7 +289,6 @@ llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
 /* Creates dd->host_pool when configured; dd->lock held. */
 llmdd_status llmdd__pool_setup(llmdd *dd);
 /* Fills a remote-cache description of a live local cache. */
-void llmdd__cache_describe(const llmdd__cache *c, llmdd__remote_cache *out);
 
 /*
  * Creates an instance whose control plane is `plane` (llmdd_create, in

@@ -59,7 +59,11 @@ llmdd_status llmdd__map_tensors(const llmdd_kv_ext_param *ext,
 llmdd_status llmdd__blocks_check(const uint64_t *blocks, size_t n,
                                  uint64_t num_blocks);
 
-/* A run of bytes within each selected tensor: src offset, dst offset. */
+/*
+ * A run of bytes within each selected tensor, from src_off in the tensor the
+ * bytes leave to dst_off in the one they reach: the one run type of local
+ * copies and of remote transfers (transport/transport.h, llmdd__xfer).
+ */
 typedef struct {
     uint64_t src_off;
     uint64_t dst_off;

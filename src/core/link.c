@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 
 /* How long asking the client to reopen may wait for its socket. */
 #define REOPEN_ASK_MS 2000
@@ -273,15 +273,15 @@ llmdd__link_remote(llmdd__link *link, int64_t id, int64_t deadline_ms,
     rc = calloc(1, sizeof(*rc));
     if (rc == NULL)
         return LLM_OUT_OF_MEMORY;
-    st = link->ops->query(link, id, deadline_ms, rc);
+    st = link->ops->query(link, id, deadline_ms, &rc->desc, &rc->priv);
     if (st != LLM_SUCCESS) {
         free(rc);
         return st;
     }
-    /* The peer's desc is untrusted: it must describe a sane cache. */
-    uint64_t tsize, stride;
-    if (llmdd__desc_check(&rc->desc, &tsize, &stride) != LLM_SUCCESS ||
-        tsize != rc->tensor_size || stride != rc->stride) {
+    /* The peer's desc is untrusted: it must describe a sane cache. This is
+     * the one check of it, for every transport. */
+    if (llmdd__desc_check(&rc->desc, &rc->tensor_size, &rc->stride) !=
+        LLM_SUCCESS) {
         log_error("cluster %llu sent a bad description of cache %lld",
                   (unsigned long long)link->peer.cluster_id, (long long)id);
         if (link->ops->remote_free != NULL)

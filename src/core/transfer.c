@@ -149,37 +149,29 @@ xfer_op(const xfer_args *a)
 /* Builds the run list; *runs_out is malloc'd. */
 static llmdd_status
 plan_runs(const xfer_args *a, const llmdd__cache *lc,
-          const llmdd__remote_cache *rc, llmdd__xrun **runs_out,
+          const llmdd__remote_cache *rc, llmdd__run **runs_out,
           size_t *nruns_out)
 {
     if (a->kind == KIND_CACHE) {
-        llmdd__xrun *r = malloc(sizeof(*r));
+        llmdd__run *r = malloc(sizeof(*r));
         if (r == NULL)
             return LLM_OUT_OF_MEMORY;
-        r->remote_off = a->remote_index->batch_index * rc->stride;
-        r->local_off = a->local_batch * lc->stride;
+        uint64_t roff = a->remote_index->batch_index * rc->stride;
+        uint64_t loff = a->local_batch * lc->stride;
+        r->src_off = a->write ? loff : roff;
+        r->dst_off = a->write ? roff : loff;
         r->len = a->size > 0 ? (uint64_t)a->size : lc->stride;
         *runs_out = r;
         *nruns_out = 1;
         return LLM_SUCCESS;
     }
 
-    llmdd__run *tmp = malloc(a->nblocks * sizeof(*tmp));
-    llmdd__xrun *r = malloc(a->nblocks * sizeof(*r));
-    if (tmp == NULL || r == NULL) {
-        free(tmp);
-        free(r);
+    llmdd__run *r = malloc(a->nblocks * sizeof(*r));
+    if (r == NULL)
         return LLM_OUT_OF_MEMORY;
-    }
     const uint64_t *src = a->write ? a->local_blocks : a->remote_blocks;
     const uint64_t *dst = a->write ? a->remote_blocks : a->local_blocks;
-    size_t n = llmdd__block_runs(src, dst, a->nblocks, lc->stride, tmp);
-    for (size_t i = 0; i < n; i++) {
-        r[i].remote_off = a->write ? tmp[i].dst_off : tmp[i].src_off;
-        r[i].local_off = a->write ? tmp[i].src_off : tmp[i].dst_off;
-        r[i].len = tmp[i].len;
-    }
-    free(tmp);
+    size_t n = llmdd__block_runs(src, dst, a->nblocks, lc->stride, r);
     *runs_out = r;
     *nruns_out = n;
     return LLM_SUCCESS;
@@ -197,7 +189,7 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
 {
     llmdd__tensor_span lspan, rspan;
     llmdd__remote_cache *rc;
-    llmdd__xrun *runs = NULL;
+    llmdd__run *runs = NULL;
     uint8_t **local = NULL;
     llmdd__cache *lc;
     llmdd__link *link;

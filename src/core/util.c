@@ -80,6 +80,12 @@ llmdd__boot_id(void)
     return boot_id;
 }
 
+bool
+llmdd__peer_same_kernel(const llmdd__peer *p)
+{
+    return memcmp(p->boot_id, llmdd__boot_id(), LLMDD_BOOT_ID_LEN) == 0;
+}
+
 void
 llmdd__cond_init(pthread_cond_t *cond)
 {

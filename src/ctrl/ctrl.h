@@ -11,7 +11,7 @@
 
 #include "base/net.h"
 #include "core/internal.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128

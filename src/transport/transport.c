@@ -1,8 +1,10 @@
 /* The transport registry, in "auto" preference order. */
+#include <pthread.h>
 #include <string.h>
 
 #include <llmdd/llmdd.h>
 
+#include "core/log.h"
 #include "transport/transport.h"
 
 extern const llmdd_transport_ops llmdd__loop_ops;
@@ -10,7 +12,7 @@ extern const llmdd_transport_ops llmdd__shm_ops;
 extern const llmdd_transport_ops llmdd__ucx_ops;
 extern const llmdd_transport_ops llmdd__tcp_ops;
 
-static const llmdd_transport_ops *const transports[] = {
+static const llmdd_transport_ops *const builtin[] = {
     &llmdd__loop_ops,
 #ifdef LLMDD_HAVE_SHM
     &llmdd__shm_ops,
@@ -24,10 +26,53 @@ static const llmdd_transport_ops *const transports[] = {
 /* Every name llm.Transport accepts, built in or not. */
 static const char *const known[] = {"loop", "shm", "tcp", "ucx"};
 
+#define NBUILTIN (sizeof(builtin) / sizeof(builtin[0]))
+
+/* The built-in transports whose tables are whole, set up once. */
+static const llmdd_transport_ops *transports[NBUILTIN];
+static size_t ntransports;
+static char list[64]; /* their names, comma-separated */
+static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
+
+bool
+llmdd__transport_valid(const llmdd_transport_ops *ops)
+{
+    /* The core calls these without checking; the others are optional. */
+    return ops->name != NULL && ops->name[0] != '\0' &&
+           ops->reaches != NULL && ops->link_init != NULL &&
+           ops->link_shutdown != NULL && ops->link_fini != NULL &&
+           ops->query != NULL && ops->xfer != NULL;
+}
+
+/* Registration checks each table once: a broken one is logged and left
+ * out, so the library runs with the transports that are whole. */
+static void
+registry_init(void)
+{
+    for (size_t i = 0; i < NBUILTIN; i++) {
+        const llmdd_transport_ops *ops = builtin[i];
+        if (!llmdd__transport_valid(ops)) {
+            log_error("transport %s lacks a mandatory op; not registered",
+                      ops->name != NULL ? ops->name : "(unnamed)");
+            continue;
+        }
+        size_t used = strlen(list);
+        if (strlen(ops->name) + 2 > sizeof(list) - used) {
+            log_error("transport %s: the name list is full", ops->name);
+            continue;
+        }
+        if (used > 0)
+            list[used++] = ',';
+        strcpy(list + used, ops->name);
+        transports[ntransports++] = ops;
+    }
+}
+
 const llmdd_transport_ops *
 llmdd__transport_find(const char *name)
 {
-    for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++)
+    pthread_once(&registry_once, registry_init);
+    for (size_t i = 0; i < ntransports; i++)
         if (strcmp(transports[i]->name, name) == 0)
             return transports[i];
     return NULL;
@@ -45,13 +90,15 @@ llmdd__transport_known(const char *name)
 size_t
 llmdd__transport_count(void)
 {
-    return sizeof(transports) / sizeof(transports[0]);
+    pthread_once(&registry_once, registry_init);
+    return ntransports;
 }
 
 const llmdd_transport_ops *
 llmdd__transport_at(size_t i)
 {
-    return transports[i];
+    pthread_once(&registry_once, registry_init);
+    return i < ntransports ? transports[i] : NULL;
 }
 
 const char *
@@ -67,14 +114,7 @@ llmdd_transport_info(const char *name)
 const char *
 llmdd_transport_list(void)
 {
-    static const char list[] = "loop"
-#ifdef LLMDD_HAVE_SHM
-                               ",shm"
-#endif
-#ifdef LLMDD_HAVE_UCX
-                               ",ucx"
-#endif
-                               ",tcp";
+    pthread_once(&registry_once, registry_init);
     return list;
 }
 

@@ -15,14 +15,19 @@
 
 #include <llmdd/llmdd.h>
 
+#include "core/layout.h"
+
 struct llmdd__link;
 struct llmdd__peer;
 struct llmdd__cache;
 
-/* What a link knows of one of the peer's caches. */
+/*
+ * What a link knows of one of the peer's caches. ops->query gives desc and
+ * priv; the core (llmdd__link_remote) checks desc and derives the sizes.
+ */
 typedef struct llmdd__remote_cache {
     int64_t id;
-    llmdd_cache_desc desc;
+    llmdd_cache_desc desc; /* checked with llmdd__desc_check */
     uint64_t tensor_size;
     uint64_t stride;
     void *priv; /* the transport's, released by ops->remote_free */
@@ -30,18 +35,14 @@ typedef struct llmdd__remote_cache {
     bool gone;
 } llmdd__remote_cache;
 
-/* A byte run inside each selected tensor. */
-typedef struct {
-    uint64_t remote_off;
-    uint64_t local_off;
-    uint64_t len;
-} llmdd__xrun;
-
 /*
  * One planned transfer: `count` tensor pairs (remote tensor remote_first + i
  * with local tensor base local[i]) times `nruns` runs. Runs apply in order,
- * tensor by tensor. Every offset and length is already checked against both
- * caches.
+ * tensor by tensor. A run (core/layout.h, the same as a local copy's) goes
+ * from src_off in the side the bytes leave, the remote tensor on a pull and
+ * the local one on a push, to dst_off in the other: llmdd__run_remote and
+ * llmdd__run_local name them by side. Every offset and length is already
+ * checked against both caches.
  */
 typedef struct {
     bool write; /* push: local -> remote; pull otherwise */
@@ -49,21 +50,60 @@ typedef struct {
     uint32_t remote_first;
     uint32_t count;
     uint8_t *const *local;
-    const llmdd__xrun *runs;
+    const llmdd__run *runs;
     size_t nruns;
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
 } llmdd__xfer;
 
+/* A run's offset in the remote tensor. */
+static inline uint64_t
+llmdd__run_remote(const llmdd__xfer *x, const llmdd__run *r)
+{
+    return x->write ? r->dst_off : r->src_off;
+}
+
+/* A run's offset in the local tensor. */
+static inline uint64_t
+llmdd__run_local(const llmdd__xfer *x, const llmdd__run *r)
+{
+    return x->write ? r->src_off : r->dst_off;
+}
+
 /* The bytes a planned transfer moves: count times the sum of its runs. */
 uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);
 
+/*
+ * Mandatory ops: name, reaches, link_init, link_shutdown, link_fini, query
+ * and xfer; the core calls them without checking. The rest may be NULL.
+ * Registration (transport.c) leaves out, with an error, a table that lacks
+ * one (llmdd__transport_valid).
+ */
 typedef struct llmdd_transport_ops {
     const char *name;
 
     /*
-     * Whether the transport can reach this peer at all (same process, same
-     * kernel, a fabric). Used by "auto" in preference order and to refuse a
-     * forced transport that cannot work.
+     * Whether the transport can carry this link. Called in the handshake,
+     * before link_init, with link->peer (cluster id, pid, boot id, `local`)
+     * and link->client set; it must not block for long.
+     *
+     * Client side (ctrl.c transport_pick), which chooses. Under "auto" on
+     * both sides (link->forced false) every registered transport is asked
+     * in preference order and the first that says yes is used, so the
+     * answer is "this is the right transport for this peer", not only "it
+     * could work": ucx says no to a peer on the same kernel or without an
+     * RDMA device here, leaving it to shm or tcp. When either side named a
+     * transport (link->forced: ours, or else the server's from its
+     * HELLO_REPLY) only that one is asked and a no fails the link, so the
+     * answer is "it can work at all" (ucx: UCX initialises; shm: the same
+     * kernel and the peer's pid visible here).
+     *
+     * Server side (link->client false, link->forced false), which serves
+     * what the client chose in its CONFIRM: a no refuses the link. The
+     * answer is whether this side can serve it; it must not second-guess
+     * the client's preference (ucx says yes whenever UCX initialises, shm
+     * whenever the kernel is the same, even where another pid namespace
+     * hides the client's pid from us). The server also refuses when its own
+     * llm.Transport names another transport.
      */
     bool (*reaches)(const struct llmdd__link *link);
 
@@ -91,11 +131,16 @@ typedef struct llmdd_transport_ops {
     void (*accept_conn)(struct llmdd__link *link, int fd, uint32_t flags);
 
     /*
-     * Asks the peer to describe its cache `id`. LLM_KV_CACHE_NOT_EXIST when
-     * the peer has no such cache.
+     * Asks the peer to describe its cache `id`: its desc as the peer sent it
+     * (untrusted; the core validates it once, with llmdd__desc_check, and
+     * computes the sizes) and the transport's own state for it in *priv
+     * (NULL when it keeps none). LLM_KV_CACHE_NOT_EXIST when the peer has no
+     * such cache. On failure nothing is left for remote_free.
      */
     llmdd_status (*query)(struct llmdd__link *link, int64_t id,
-                          int64_t deadline_ms, llmdd__remote_cache *out);
+                          int64_t deadline_ms, llmdd_cache_desc *desc,
+                          void **priv);
+    /* Releases rc->priv. Optional where query never sets it. */
     void (*remote_free)(llmdd__remote_cache *rc);
 
     /*
@@ -129,10 +174,14 @@ typedef struct llmdd_transport_ops {
     const char *(*info)(void);
 } llmdd_transport_ops;
 
-/* The registry: transports in "auto" preference order. */
+/* The registry: transports in "auto" preference order, each table checked
+ * once at first use. Thread-safe. */
 const llmdd_transport_ops *llmdd__transport_find(const char *name);
 bool llmdd__transport_known(const char *name);
 size_t llmdd__transport_count(void);
+/* NULL past the end. */
 const llmdd_transport_ops *llmdd__transport_at(size_t i);
+/* Whether a table has every mandatory op (see llmdd_transport_ops). */
+bool llmdd__transport_valid(const llmdd_transport_ops *ops);
 
 #endif

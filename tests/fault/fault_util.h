@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "harness/harness.h"
 
 #if defined(__SANITIZE_THREAD__)

@@ -17,7 +17,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "fault/fault_util.h"
 #include "transport/ucx/ucx_wire.h"
 

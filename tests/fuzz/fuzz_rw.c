@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "fuzz/fuzz.h"
 
 static llmdd *dd;

@@ -13,7 +13,7 @@
 
 #include "core/internal.h"
 #include "base/net.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "fuzz/fuzz.h"
 
 #define CTRL_CAP 256      /* ctrl/ctrl.h's CTRL_MSG_MAX */

@@ -1,5 +1,6 @@
 /*
- * Fuzz target: every message decoder of ctrl/wire.c. The first input byte
+ * Fuzz target: every message decoder of base/wire.c, and the byte codec's
+ * name reader (base/codec.h) on its own. The first input byte
  * picks the decoder, the rest is the payload. Besides memory safety it checks
  * the decoders' contract: whatever decodes re-encodes to the very same bytes
  * (the encoding is canonical), and a failed decode writes no output.
@@ -8,7 +9,8 @@
 #include <string.h>
 
 #include "core/layout.h"
-#include "ctrl/wire.h"
+#include "base/codec.h"
+#include "base/wire.h"
 #include "fuzz/fuzz.h"
 
 static uint64_t offs[LLMDD_WIRE_MAX_RUNS], lens[LLMDD_WIRE_MAX_RUNS];
@@ -30,7 +32,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t len = size - 1;
 
-    switch (data[0] % 12) {
+    switch (data[0] % 13) {
     case 0: {
         llmdd__frame f = {.type = 0xdead, .len = 0xbeef};
         if (len < LLMDD_WIRE_HDR_LEN)
@@ -156,6 +158,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (llmdd__wire_key_reply_decode(p, len, &r) != 0)
             return 0;
         same(p, len, llmdd__wire_key_reply_encode(&r, out, sizeof(out)));
+        break;
+    }
+    case 12: {
+        char name[LLMDD_WIRE_NAME_MAX + 1];
+        llmdd__rbuf r = LLMDD__RBUF(p, len);
+        llmdd__get_name(&r, name, LLMDD_WIRE_NAME_MAX);
+        if (llmdd__rdone(&r) != 0)
+            return 0;
+        llmdd__wbuf w = LLMDD__WBUF(out, sizeof(out));
+        llmdd__put_name(&w, name, LLMDD_WIRE_NAME_MAX);
+        same(p, len, llmdd__wdone(&w));
         break;
     }
     }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "ctrl/wire.h"
+#include "base/wire.h"
 #include "fuzz/fuzz.h"
 #ifdef LLMDD_HAVE_UCX
 #include "transport/ucx/ucx_wire.h"
@@ -158,6 +158,8 @@ gen_wire_and_stream(void)
     wire("desc", 7, p, n);
     n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, NULL, p, sizeof(p));
     wire("desc_missing", 7, p, n);
+    n = llmdd__wire_confirm_encode(&c, p, sizeof(p));
+    wire("name", 12, p, 1 + p[0]); /* the confirm's transport name */
     n = llmdd__wire_read_reply_encode(LLM_SUCCESS, 2048, p, sizeof(p));
     wire("read_reply", 8, p, n);
     n = llmdd__wire_rw_encode(&rw, p, sizeof(p));

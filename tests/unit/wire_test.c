@@ -1,14 +1,16 @@
 /*
- * The wire protocol (src/ctrl/wire.h): every encoder and decoder round
+ * The wire protocol (src/base/wire.h): every encoder and decoder round
  * trips, and every decoder rejects what MODEL.md "Bad input and faults" says
  * it must: bad frame headers, oversize payloads, every truncation of a valid
  * message, trailing bytes, bad names, bad counts and overflowing totals.
- * Encoders refuse buffers that are too small.
+ * Encoders refuse buffers that are too small. The byte codec under them all
+ * (src/base/codec.h) is bounded both ways.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctrl/wire.h"
+#include "base/codec.h"
+#include "base/wire.h"
 #include "harness/harness.h"
 
 #define BUF 512
@@ -75,6 +77,86 @@ put64(uint8_t *p, uint64_t v)
 {
     put32(p, (uint32_t)v);
     put32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* The codec: little-endian, bounded writes and reads, strict names. */
+static void
+test_codec(void **state)
+{
+    uint8_t b[32];
+    llmdd__wbuf w = LLMDD__WBUF(b, 15);
+
+    (void)state;
+    llmdd__put_u8(&w, 0x01);
+    llmdd__put_u16(&w, 0x0302);
+    llmdd__put_u32(&w, 0x07060504);
+    llmdd__put_u64(&w, 0x0f0e0d0c0b0a0908ull);
+    assert_int_equal(llmdd__wdone(&w), 15);
+    for (int i = 0; i < 15; i++)
+        assert_int_equal(b[i], i + 1);
+    llmdd__put_u8(&w, 0); /* one past the capacity */
+    assert_true(w.err);
+    assert_int_equal(llmdd__wdone(&w), 0);
+
+    llmdd__rbuf r = LLMDD__RBUF(b, 15);
+    assert_int_equal(llmdd__get_u8(&r), 0x01);
+    assert_int_equal(llmdd__get_u16(&r), 0x0302);
+    assert_int_equal(llmdd__get_u32(&r), 0x07060504);
+    assert_true(llmdd__get_u64(&r) == 0x0f0e0d0c0b0a0908ull);
+    assert_int_equal(llmdd__rdone(&r), 0);
+    /* A short read gives zeros, sets err and stays failed. */
+    r = LLMDD__RBUF(b, 3);
+    assert_int_equal(llmdd__get_u32(&r), 0);
+    assert_true(r.err);
+    assert_int_equal(llmdd__get_u8(&r), 0);
+    assert_int_equal(llmdd__get_left(&r), 0);
+    assert_int_not_equal(llmdd__rdone(&r), 0);
+    /* Trailing bytes fail rdone. */
+    r = LLMDD__RBUF(b, 2);
+    (void)llmdd__get_u8(&r);
+    assert_int_not_equal(llmdd__rdone(&r), 0);
+
+    /* Names: at most max bytes, printable, NUL-terminated on the way in. */
+    char name[8];
+    w = LLMDD__WBUF(b, sizeof(b));
+    llmdd__put_name(&w, "shm", 7);
+    assert_int_equal(llmdd__wdone(&w), 4);
+    r = LLMDD__RBUF(b, 4);
+    llmdd__get_name(&r, name, 7);
+    assert_int_equal(llmdd__rdone(&r), 0);
+    assert_string_equal(name, "shm");
+    w = LLMDD__WBUF(b, sizeof(b));
+    llmdd__put_name(&w, "12345678", 7);
+    assert_int_equal(llmdd__wdone(&w), 0);
+    const uint8_t long_name[] = {8, 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a'};
+    r = LLMDD__RBUF(long_name, sizeof(long_name));
+    llmdd__get_name(&r, name, 7);
+    assert_true(r.err);
+    assert_string_equal(name, "");
+    const uint8_t space[] = {2, 'a', ' '};
+    r = LLMDD__RBUF(space, sizeof(space));
+    llmdd__get_name(&r, name, 7);
+    assert_true(r.err);
+
+    /* A desc reads back as written; a dim count out of 1..MAX fails. */
+    llmdd_cache_desc d = {.num_tensors = 2, .num_dims = 2, .shape = {3, -1}};
+    llmdd_cache_desc e;
+    uint8_t db[LLMDD__DESC_MAX];
+    w = LLMDD__WBUF(db, sizeof(db));
+    llmdd__put_desc(&w, &d);
+    size_t n = llmdd__wdone(&w);
+    assert_int_equal(n, 16 + 16);
+    r = LLMDD__RBUF(db, n);
+    llmdd__get_desc(&r, &e);
+    assert_int_equal(llmdd__rdone(&r), 0);
+    assert_memory_equal(&d, &e, sizeof(d));
+    for (uint32_t dims = 0; dims <= LLMDD_MAX_DIMS + 1;
+         dims += LLMDD_MAX_DIMS + 1) {
+        db[12] = (uint8_t)dims;
+        r = LLMDD__RBUF(db, sizeof(db));
+        llmdd__get_desc(&r, &e);
+        assert_true(r.err);
+    }
 }
 
 static void
@@ -750,6 +832,7 @@ main(int argc, char **argv)
 {
     th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec),
         cmocka_unit_test(test_frame),
         cmocka_unit_test(test_hello_ctrl),
         cmocka_unit_test(test_hello_ctrl_bad),

@@ -71,7 +71,7 @@ loop_pin(const llmdd__link *link, int64_t id, uint32_t first, uint32_t count,
 
 static llmdd_status
 loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-           llmdd__remote_cache *out)
+           llmdd_cache_desc *desc, void **priv)
 {
     llmdd__cache *c;
     llmdd *peer;
@@ -82,7 +82,8 @@ loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
     st = loop_pin(link, id, 0, 1, &zero, &zero, 0, &peer, &c);
     if (st != LLM_SUCCESS)
         return st;
-    llmdd__cache_describe(c, out);
+    *desc = c->desc;
+    *priv = NULL;
     llmdd__cache_put(peer, c);
     return LLM_SUCCESS;
 }
@@ -104,8 +105,9 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
     if (st != LLM_SUCCESS)
         return st;
     for (size_t i = 0; i < x->nruns; i++) {
-        if (x->runs[i].len > c->tensor_size ||
-            x->runs[i].remote_off > c->tensor_size - x->runs[i].len) {
+        const llmdd__run *r = &x->runs[i];
+        if (r->len > c->tensor_size ||
+            llmdd__run_remote(x, r) > c->tensor_size - r->len) {
             llmdd__cache_put(peer, c);
             return LLM_PARAM_INVALID;
         }
@@ -116,14 +118,11 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
     llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = (uint8_t *)(uintptr_t)c->addrs[x->remote_first + t];
+        uint8_t *src = x->write ? x->local[t] : rbase;
+        uint8_t *dst = x->write ? rbase : x->local[t];
         for (size_t i = 0; i < x->nruns; i++) {
-            const llmdd__xrun *r = &x->runs[i];
-            if (x->write)
-                llmdd__copy(&b, rbase + r->remote_off,
-                            x->local[t] + r->local_off, r->len);
-            else
-                llmdd__copy(&b, x->local[t] + r->local_off,
-                            rbase + r->remote_off, r->len);
+            const llmdd__run *r = &x->runs[i];
+            llmdd__copy(&b, dst + r->dst_off, src + r->src_off, r->len);
         }
     }
     llmdd__copy_end(&b);

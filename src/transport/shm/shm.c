@@ -62,190 +62,7 @@
  * orders QUERY replies before INVALs. Neither is held across a memcpy or a
  * cross-memory attach.
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "core/copy.h"
-#include "core/internal.h"
-#include "base/net.h"
-#include "ctrl/wire.h"
-#include "transport/shm/shm.h"
-#include "transport/stream/stream.h"
-
-#define SHM_MAGIC 0x4d48534cu /* "LSHM" little-endian */
-#define SHM_VERSION 1
-#define SHM_HDR_LEN 16
-#define SHM_MSG_MAX 65536
-/* A registered cache whose addresses fit in one reply uses CMA. */
-#define SHM_CMA_TENSORS_MAX ((SHM_MSG_MAX - SHM_HDR_LEN - 512) / 8)
-#define SHM_FLAG_SOCK 0x100u   /* data connection: accept my socket */
-#define SHM_FLAG_NOSOCK 0x200u /* data connection: I cannot use it */
-#define SHM_ACCEPT_MS 2000
-#define SHM_BYE_MS 2000
-#define SHM_STALL_MS 5000
-#define SHM_IOV_BATCH 1024              /* iovec pairs per CMA call */
-#define SHM_CMA_BATCH_BYTES (1ull << 30) /* under the kernel's MAX_RW_COUNT */
-#define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
-#define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */
-#define SHM_STALE_S 60    /* a socket file this old has lost its link */
-#define SHM_REV_CONNS 1
-
-enum {
-    SMSG_READY = 1,
-    SMSG_QUERY = 2,
-    SMSG_QUERY_REPLY = 3,
-    SMSG_INVAL = 4,
-    SMSG_INVAL_ACK = 5,
-};
-
-enum { SHM_KIND_MEMFD = 1, SHM_KIND_CMA = 2, SHM_KIND_STREAM = 3 };
-
-/* One of the peer's caches as this side reaches it. */
-typedef struct shm_entry {
-    int64_t id;
-    atomic_int refs; /* the table's, each remote cache's, a waiter's */
-    int kind;        /* changes from CMA to STREAM once; under lock */
-    int users;       /* copies in flight; under lock */
-    bool dead;       /* under lock */
-    bool warned;
-    uint8_t *map; /* our own mapping, unmapped when dead; NULL in the pool */
-    size_t map_len;
-    uint8_t *base; /* tensor 0, memfd kind */
-    uint64_t pitch;
-    uint32_t ntensors;
-    uint64_t tensor_size;
-    uint64_t *addrs; /* the owner's tensor addresses, CMA kind */
-    struct shm_entry *next;
-} shm_entry;
-
-/* A request of ours waiting for its reply. */
-typedef struct shm_wait {
-    uint64_t seq;
-    bool done;
-    uint32_t status;
-    llmdd_cache_desc desc;
-    shm_entry *e; /* a reference, for a successful QUERY */
-    struct shm_wait *next;
-} shm_wait;
-
-/* One of our caches the peer may reach: a reference keeps it alive. */
-typedef struct {
-    int64_t id;
-    llmdd__cache *c;
-} shm_lease;
-
-typedef struct {
-    llmdd__link *link;
-    llmdd__stream *stream;
-    char path[64];
-    int listen_fd; /* server side, until the client connected */
-    int sock;      /* -1 until connected; closed at link_fini */
-    int wake_fd;   /* eventfd, readable once the link is down */
-    int peer_pidfd;       /* the peer process, from the socket's SO_PEERCRED */
-    uint8_t *rbuf, *obuf; /* the reader's, SHM_MSG_MAX each */
-
-    pthread_mutex_t lock;
-    pthread_cond_t cond; /* CLOCK_MONOTONIC */
-    bool ready;          /* the socket carries requests */
-    bool nosock;         /* everything goes over the data plane */
-    bool accepted;       /* server: the socket was set up (once) */
-    bool down;
-    uint64_t seq;
-    shm_wait *waits;
-    shm_entry *entries;
-    uint8_t *pool; /* the peer's pool memfd, mapped once */
-    size_t pool_len;
-    dev_t pool_dev;
-    ino_t pool_ino;
-
-    pthread_mutex_t expose_lock;
-    shm_lease *leases;
-    size_t nleases, leases_cap;
-} shm_link;
-
-static atomic_uint_fast64_t stat_memfd, stat_cma, stat_stream, stat_refused;
-
-void
-llmdd__shm_stats_get(llmdd__shm_stats *out)
-{
-    out->memfd_xfers = atomic_load(&stat_memfd);
-    out->cma_xfers = atomic_load(&stat_cma);
-    out->stream_xfers = atomic_load(&stat_stream);
-    out->cma_refused = atomic_load(&stat_refused);
-}
-
-/* ---- Explicit little-endian encoding. ---- */
-
-typedef struct {
-    uint8_t *p;
-    size_t cap, len;
-    bool bad;
-} shm_wbuf;
-
-typedef struct {
-    const uint8_t *p;
-    size_t len, off;
-    bool bad;
-} shm_rbuf;
-
-static void
-w_bytes(shm_wbuf *w, const void *src, size_t n)
-{
-    if (w->bad || n > w->cap - w->len) {
-        w->bad = true;
-        return;
-    }
-    memcpy(w->p + w->len, src, n);
-    w->len += n;
-}
-
-static void
-w_u64(shm_wbuf *w, uint64_t v, size_t n)
-{
-    uint8_t b[8];
-
-    for (size_t i = 0; i < n; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    w_bytes(w, b, n);
-}
-
-static const uint8_t *
-r_bytes(shm_rbuf *r, size_t n)
-{
-    if (r->bad || n > r->len - r->off) {
-        r->bad = true;
-        return NULL;
-    }
-    r->off += n;
-    return r->p + r->off - n;
-}
-
-static uint64_t
-r_u64(shm_rbuf *r, size_t n)
-{
-    const uint8_t *b = r_bytes(r, n);
-    uint64_t v = 0;
-
-    for (size_t i = 0; b != NULL && i < n; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
+#include "transport/shm/shm_int.h"
 
 /* ---- Small helpers. ---- */
 
@@ -258,8 +75,8 @@ shm_forced(llmdd *dd)
     return forced;
 }
 
-static int64_t
-shm_wait_ms(llmdd *dd)
+int64_t
+llmdd__shm_wait_ms(llmdd *dd)
 {
     pthread_mutex_lock(&dd->lock);
     int64_t ms = dd->opts.wait_ms;
@@ -268,8 +85,8 @@ shm_wait_ms(llmdd *dd)
 }
 
 /* Waits on sl->cond until deadline (CLOCK_MONOTONIC ms); lock held. */
-static void
-shm_cond_wait(shm_link *sl, int64_t deadline)
+void
+llmdd__shm_cond_wait(shm_link *sl, int64_t deadline)
 {
     int64_t now = llmdd__now_ms();
 
@@ -282,8 +99,8 @@ shm_cond_wait(shm_link *sl, int64_t deadline)
  * Waits until fd is ready for `events` or the deadline passes; with `wake`,
  * also until the link goes down. 1 ready, 0 timeout, -1 down or error.
  */
-static int
-shm_poll(shm_link *sl, int fd, short events, int64_t deadline, bool wake)
+int
+llmdd__shm_poll(shm_link *sl, int fd, short events, int64_t deadline, bool wake)
 {
     for (;;) {
         struct pollfd p[2] = {{.fd = fd, .events = events},
@@ -305,8 +122,8 @@ shm_poll(shm_link *sl, int fd, short events, int64_t deadline, bool wake)
     }
 }
 
-static void
-entry_put(shm_entry *e)
+void
+llmdd__shm_entry_put(shm_entry *e)
 {
     if (e == NULL || atomic_fetch_sub(&e->refs, 1) != 1)
         return;
@@ -317,8 +134,8 @@ entry_put(shm_entry *e)
 }
 
 /* lock held. */
-static shm_entry *
-entry_find(shm_link *sl, int64_t id)
+shm_entry *
+llmdd__shm_entry_find(shm_link *sl, int64_t id)
 {
     for (shm_entry *e = sl->entries; e != NULL; e = e->next)
         if (e->id == id)
@@ -326,961 +143,32 @@ entry_find(shm_link *sl, int64_t id)
     return NULL;
 }
 
-/* ---- Messages on the socket. ---- */
-
-static int
-shm_send(shm_link *sl, uint16_t type, uint64_t seq, const uint8_t *payload,
-         size_t len, int pass_fd, int64_t deadline)
-{
-    uint8_t hdr[SHM_HDR_LEN];
-    shm_wbuf w = {.p = hdr, .cap = sizeof(hdr)};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)payload, len}};
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len > 0 ? 2 : 1};
-
-    w_u64(&w, SHM_MAGIC, 4);
-    w_u64(&w, SHM_VERSION, 2);
-    w_u64(&w, type, 2);
-    w_u64(&w, seq, 8);
-    if (pass_fd >= 0) {
-        memset(&cm, 0, sizeof(cm));
-        mh.msg_control = cm.buf;
-        mh.msg_controllen = sizeof(cm.buf);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
-    for (;;) {
-        /* A SEQPACKET message goes whole or not at all. */
-        if (sendmsg(sl->sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (shm_poll(sl, sl->sock, POLLOUT, deadline, true) != 1)
-            return -1;
-    }
-}
-
-typedef struct {
-    uint16_t type;
-    uint64_t seq;
-    shm_rbuf body;
-    int fd; /* a passed descriptor, or -1 */
-} shm_msg;
-
-/*
- * Receives one message without blocking. 1: a message (its fd, if any, is
- * the caller's); 0: EOF; -1: nothing yet; -2: error or malformed. Passed
- * descriptors beyond the first are closed.
- */
-static int
-shm_recv(shm_link *sl, shm_msg *m)
-{
-    uint8_t *buf = sl->rbuf;
-    union {
-        char buf[CMSG_SPACE(4 * sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    struct iovec iov = {buf, SHM_MSG_MAX};
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
-    ssize_t k = recvmsg(sl->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-
-    m->fd = -1;
-    if (k < 0)
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -1
-                                                                         : -2;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL;
-         c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (m->fd < 0)
-                m->fd = fd;
-            else
-                close(fd);
-        }
-    }
-    if (k == 0 && m->fd < 0)
-        return 0;
-    shm_rbuf h = {.p = buf, .len = (size_t)k};
-    uint32_t magic = (uint32_t)r_u64(&h, 4);
-    uint16_t version = (uint16_t)r_u64(&h, 2);
-    m->type = (uint16_t)r_u64(&h, 2);
-    m->seq = r_u64(&h, 8);
-    if (h.bad || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
-        magic != SHM_MAGIC || version != SHM_VERSION) {
-        if (m->fd >= 0)
-            close(m->fd);
-        m->fd = -1;
-        errno = EBADMSG;
-        return -2;
-    }
-    m->body = (shm_rbuf){.p = buf + SHM_HDR_LEN,
-                         .len = (size_t)k - SHM_HDR_LEN};
-    return 1;
-}
-
-/* Hands a reply to the request waiting for it; lock held. */
-static void
-shm_deliver(shm_link *sl, uint64_t seq, uint32_t status,
-            const llmdd_cache_desc *desc, shm_entry *e)
-{
-    for (shm_wait *w = sl->waits; w != NULL; w = w->next) {
-        if (w->seq != seq || w->done)
-            continue;
-        w->done = true;
-        w->status = status;
-        if (desc != NULL)
-            w->desc = *desc;
-        if (e != NULL) {
-            atomic_fetch_add(&e->refs, 1);
-            w->e = e;
-        }
-        pthread_cond_broadcast(&sl->cond);
-        return;
-    }
-}
-
-/*
- * Sends a request and waits for its reply (delivered by the reader into w).
- * 0: replied; 1: the link has no socket (use the data plane); -1: down,
- * unsent or no reply by the deadline.
- */
-static int
-shm_call(shm_link *sl, uint16_t type, int64_t id, int64_t deadline,
-         shm_wait *w)
-{
-    uint8_t payload[8];
-    shm_wbuf pw = {.p = payload, .cap = sizeof(payload)};
-    int rc = -1;
-
-    memset(w, 0, sizeof(*w));
-    w_u64(&pw, (uint64_t)id, 8);
-    pthread_mutex_lock(&sl->lock);
-    while (!sl->ready && !sl->nosock && !sl->down &&
-           llmdd__now_ms() < deadline)
-        shm_cond_wait(sl, deadline);
-    if (sl->nosock && !sl->ready) {
-        pthread_mutex_unlock(&sl->lock);
-        return 1;
-    }
-    if (!sl->ready || sl->down) {
-        pthread_mutex_unlock(&sl->lock);
-        return -1;
-    }
-    w->seq = ++sl->seq;
-    w->next = sl->waits;
-    sl->waits = w;
-    pthread_mutex_unlock(&sl->lock);
-
-    bool sent = shm_send(sl, type, w->seq, payload, pw.len, -1, deadline) == 0;
-    pthread_mutex_lock(&sl->lock);
-    while (sent && !w->done && !sl->down && llmdd__now_ms() < deadline)
-        shm_cond_wait(sl, deadline);
-    for (shm_wait **p = &sl->waits; *p != NULL; p = &(*p)->next) {
-        if (*p == w) {
-            *p = w->next;
-            break;
-        }
-    }
-    if (w->done)
-        rc = 0;
-    pthread_mutex_unlock(&sl->lock);
-    return rc;
-}
-
-/* ---- The owner's side: answering QUERY, sending INVAL. ---- */
-
-/*
- * expose_lock held. Keeps c's reference as the lease: 1. The cache has one
- * already: 0 (the caller drops its reference). Out of memory: -1.
- */
-static int
-lease_add(shm_link *sl, llmdd__cache *c)
-{
-    for (size_t i = 0; i < sl->nleases; i++)
-        if (sl->leases[i].id == c->id)
-            return 0;
-    if (sl->nleases == sl->leases_cap) {
-        size_t cap = sl->leases_cap ? sl->leases_cap * 2 : 16;
-        shm_lease *n = realloc(sl->leases, cap * sizeof(*n));
-        if (n == NULL)
-            return -1;
-        sl->leases = n;
-        sl->leases_cap = cap;
-    }
-    sl->leases[sl->nleases++] = (shm_lease){.id = c->id, .c = c};
-    return 1;
-}
-
-/* expose_lock held. Removes the lease of `id`; its cache, or NULL. */
-static llmdd__cache *
-lease_take(shm_link *sl, int64_t id)
-{
-    for (size_t i = 0; i < sl->nleases; i++) {
-        if (sl->leases[i].id == id) {
-            llmdd__cache *c = sl->leases[i].c;
-            sl->leases[i] = sl->leases[--sl->nleases];
-            return c;
-        }
-    }
-    return NULL;
-}
-
-/*
- * Ends every lease. Unconfirmed: the peer never said it stopped touching
- * our memory (it may be stalled mid-copy), so its pooled caches' pages
- * must not go to another cache while its process lives.
- */
-static void
-leases_release(shm_link *sl, bool confirmed)
-{
-    pthread_mutex_lock(&sl->expose_lock);
-    shm_lease *l = sl->leases;
-    size_t n = sl->nleases;
-    sl->leases = NULL;
-    sl->nleases = sl->leases_cap = 0;
-    pthread_mutex_unlock(&sl->expose_lock);
-    if (!confirmed && n > 0)
-        log_warn("shm: cluster %llu (pid %u) did not confirm it let go of "
-                 "%zu caches; their pool pages wait for its exit",
-                 (unsigned long long)sl->link->peer.cluster_id,
-                 sl->link->peer.pid, n);
-    for (size_t i = 0; i < n; i++) {
-        if (confirmed)
-            llmdd__cache_put(sl->link->dd, l[i].c);
-        else
-            llmdd__cache_put_stale(sl->link->dd, l[i].c, sl->peer_pidfd);
-    }
-    free(l);
-}
-
-static int
-shm_serve_query(shm_link *sl, const shm_msg *m, uint8_t *out)
-{
-    llmdd *dd = sl->link->dd;
-    shm_rbuf r = m->body;
-    shm_wbuf w = {.p = out, .cap = SHM_MSG_MAX};
-    int64_t id = (int64_t)r_u64(&r, 8);
-    int pass_fd = -1;
-
-    if (r.bad || r.off != r.len)
-        return -1;
-    /* Held from the lookup to the send: an INVAL for this cache cannot
-     * overtake the reply. */
-    pthread_mutex_lock(&sl->expose_lock);
-    llmdd__cache *c = llmdd__cache_get(dd, id);
-    /* The peer may reach a cache only while we hold a lease on it. */
-    int leased = c != NULL ? lease_add(sl, c) : -1;
-    w_u64(&w, (uint64_t)id, 8);
-    if (leased < 0) {
-        w_u64(&w, LLM_KV_CACHE_NOT_EXIST, 4);
-    } else {
-        uint8_t d[16 + 8 * LLMDD_MAX_DIMS + 16];
-        size_t dn = llmdd__wire_desc_encode(LLM_SUCCESS, &c->desc, d,
-                                            sizeof(d));
-        w_u64(&w, LLM_SUCCESS, 4);
-        w_u64(&w, dn, 4);
-        w_bytes(&w, d, dn);
-        if (c->allocated) {
-            w_u64(&w, SHM_KIND_MEMFD, 4);
-            w_u64(&w, c->mem.pooled, 1);
-            w_u64(&w, c->mem.fd_off, 8);
-            w_u64(&w, c->mem.len, 8);
-            w_u64(&w, c->mem.pitch, 8);
-            pass_fd = c->mem.fd;
-        } else if (c->desc.num_tensors <= SHM_CMA_TENSORS_MAX) {
-            w_u64(&w, SHM_KIND_CMA, 4);
-            w_u64(&w, c->desc.num_tensors, 4);
-            for (uint32_t t = 0; t < c->desc.num_tensors; t++)
-                w_u64(&w, c->addrs[t], 8);
-        } else {
-            w_u64(&w, SHM_KIND_STREAM, 4);
-        }
-    }
-    int rc = w.bad ? -1
-                   : shm_send(sl, SMSG_QUERY_REPLY, m->seq, out, w.len,
-                              pass_fd, llmdd__now_ms() + SHM_STALL_MS);
-    pthread_mutex_unlock(&sl->expose_lock);
-    if (leased != 1) /* else our reference is the lease now */
-        llmdd__cache_put(dd, c);
-    return rc;
-}
-
-static void
-shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
-{
-    shm_link *sl = link->tp;
-    uint8_t payload[8];
-    shm_wbuf pw = {.p = payload, .cap = sizeof(payload)};
-    shm_wait w;
-    bool leased = false;
-
-    if (sl == NULL)
-        return;
-    /* Requests on the fallback data plane hold the cache too. */
-    llmdd__stream_cache_removed(sl->stream, cache);
-    memset(&w, 0, sizeof(w));
-    w_u64(&pw, (uint64_t)cache->id, 8);
-    int64_t deadline = llmdd__now_ms() + shm_wait_ms(link->dd);
-    pthread_mutex_lock(&sl->expose_lock);
-    for (size_t i = 0; i < sl->nleases && !leased; i++)
-        leased = sl->leases[i].id == cache->id;
-    pthread_mutex_lock(&sl->lock);
-    bool live = leased && sl->ready && !sl->down;
-    if (live) {
-        w.seq = ++sl->seq;
-        w.next = sl->waits;
-        sl->waits = &w;
-    }
-    pthread_mutex_unlock(&sl->lock);
-    /* Not live: the teardown releases the lease once the peer let go. */
-    bool sent = live && shm_send(sl, SMSG_INVAL, w.seq, payload, pw.len, -1,
-                                 deadline) == 0;
-    pthread_mutex_unlock(&sl->expose_lock);
-    if (!live)
-        return;
-
-    pthread_mutex_lock(&sl->lock);
-    while (sent && !w.done && !sl->down && llmdd__now_ms() < deadline)
-        shm_cond_wait(sl, deadline);
-    for (shm_wait **p = &sl->waits; *p != NULL; p = &(*p)->next) {
-        if (*p == &w) {
-            *p = w.next;
-            break;
-        }
-    }
-    bool acked = w.done, down = sl->down;
-    pthread_mutex_unlock(&sl->lock);
-    if (acked) {
-        pthread_mutex_lock(&sl->expose_lock);
-        llmdd__cache *c = lease_take(sl, cache->id);
-        pthread_mutex_unlock(&sl->expose_lock);
-        llmdd__cache_put(link->dd, c);
-    } else if (!down) {
-        log_error("shm: cluster %llu did not release cache %lld in time; "
-                  "dropping the link",
-                  (unsigned long long)link->peer.cluster_id,
-                  (long long)cache->id);
-        llmdd__link_drop(link, "shm: cache release not acknowledged");
-    }
-}
-
-/* ---- The peer's side: mapping what a QUERY_REPLY describes. ---- */
-
-/* Maps the peer's memfd for an entry; takes ownership of fd. */
-static int
-shm_map(shm_link *sl, shm_entry *e, int fd, bool pooled, uint64_t fd_off,
-        uint64_t len)
-{
-    unsigned long long cid =
-        (unsigned long long)sl->link->peer.cluster_id;
-    struct stat st;
-    uint64_t end, tensors;
-
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        st.st_size <= 0)
-        goto err_bad;
-    /* A file the owner could still shrink would make our copies fault
-     * (SIGBUS) on the pages it cut: map only memfds sealed against it. */
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        log_error("shm: cluster %llu passed cache %lld in a file not sealed "
-                  "against shrinking; not mapping it",
-                  cid, (long long)e->id);
-        close(fd);
-        return -1;
-    }
-    if (__builtin_add_overflow(fd_off, len, &end) ||
-        end > (uint64_t)st.st_size ||
-        __builtin_mul_overflow(e->pitch, (uint64_t)e->ntensors, &tensors) ||
-        tensors > len || e->tensor_size > e->pitch)
-        goto err_bad;
-    if (!pooled) {
-        e->map_len = (size_t)st.st_size;
-        e->map = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (e->map == MAP_FAILED) {
-            e->map = NULL;
-            log_error("shm: mapping cache %lld of cluster %llu: %s",
-                      (long long)e->id, cid, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        e->base = e->map + fd_off;
-        close(fd);
-        return 0;
-    }
-    /* Only the reader maps, so the pool needs no lock to be set once. */
-    if (sl->pool == NULL) {
-        uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
-                          MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            log_error("shm: mapping the pool of cluster %llu: %s", cid,
-                      strerror(errno));
-            close(fd);
-            return -1;
-        }
-        pthread_mutex_lock(&sl->lock);
-        sl->pool = p;
-        sl->pool_len = (size_t)st.st_size;
-        sl->pool_dev = st.st_dev;
-        sl->pool_ino = st.st_ino;
-        pthread_mutex_unlock(&sl->lock);
-    } else if (st.st_dev != sl->pool_dev || st.st_ino != sl->pool_ino ||
-               end > sl->pool_len) {
-        goto err_bad;
-    }
-    close(fd);
-    e->base = sl->pool + fd_off;
-    /* Prefault just this cache's pages; the pool may be mostly unused. */
-    long page = sysconf(_SC_PAGESIZE);
-    uint64_t from = fd_off & ~((uint64_t)page - 1);
-    (void)madvise(sl->pool + from, (size_t)(end - from), MADV_POPULATE_WRITE);
-    return 0;
-err_bad:
-    log_error("shm: cluster %llu described cache %lld inconsistently",
-              cid, (long long)e->id);
-    if (fd >= 0)
-        close(fd);
-    return -1;
-}
-
-/* Builds the entry a QUERY_REPLY describes and hands it to its waiter. */
-static int
-shm_on_query_reply(shm_link *sl, shm_msg *m)
-{
-    shm_rbuf r = m->body;
-    int64_t id = (int64_t)r_u64(&r, 8);
-    uint32_t status = (uint32_t)r_u64(&r, 4), dstatus;
-    llmdd_cache_desc desc;
-    uint64_t tsize, stride;
-    shm_entry *e = NULL, *have;
-    int fd = m->fd;
-
-    m->fd = -1;
-    if (r.bad)
-        goto err_proto;
-    if (status != LLM_SUCCESS) {
-        if (r.off != r.len)
-            goto err_proto;
-        goto not_exist;
-    }
-    size_t dn = (size_t)r_u64(&r, 4);
-    const uint8_t *d = r_bytes(&r, dn);
-    if (d == NULL || llmdd__wire_desc_decode(d, dn, &dstatus, &desc) != 0 ||
-        dstatus != LLM_SUCCESS ||
-        llmdd__desc_check(&desc, &tsize, &stride) != LLM_SUCCESS)
-        goto err_proto;
-    uint32_t kind = (uint32_t)r_u64(&r, 4);
-
-    pthread_mutex_lock(&sl->lock);
-    have = entry_find(sl, id);
-    if (have != NULL && !have->dead) {
-        /* Asked twice (two threads, or after a timeout): one mapping. */
-        shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, have);
-        pthread_mutex_unlock(&sl->lock);
-        if (fd >= 0)
-            close(fd);
-        return 0;
-    }
-    pthread_mutex_unlock(&sl->lock);
-    if (have != NULL)
-        goto not_exist;
-    e = calloc(1, sizeof(*e));
-    if (e == NULL)
-        goto not_exist;
-    atomic_init(&e->refs, 1);
-    e->id = id;
-    e->kind = (int)kind;
-    e->ntensors = desc.num_tensors;
-    e->tensor_size = tsize;
-    if (kind == SHM_KIND_MEMFD) {
-        bool pooled = r_u64(&r, 1) != 0;
-        uint64_t fd_off = r_u64(&r, 8), len = r_u64(&r, 8);
-        e->pitch = r_u64(&r, 8);
-        if (r.bad || r.off != r.len)
-            goto err_proto;
-        int mrc = shm_map(sl, e, fd, pooled, fd_off, len);
-        fd = -1; /* shm_map owns it */
-        if (mrc != 0)
-            goto not_exist;
-    } else if (kind == SHM_KIND_CMA) {
-        uint32_t n = (uint32_t)r_u64(&r, 4);
-        if (r.bad || n != desc.num_tensors || n > SHM_CMA_TENSORS_MAX)
-            goto err_proto;
-        e->addrs = malloc(n * sizeof(*e->addrs));
-        if (e->addrs == NULL)
-            goto not_exist;
-        for (uint32_t t = 0; t < n; t++)
-            e->addrs[t] = r_u64(&r, 8);
-        if (r.bad || r.off != r.len)
-            goto err_proto;
-    } else if (kind != SHM_KIND_STREAM || r.off != r.len) {
-        goto err_proto;
-    }
-    if (fd >= 0)
-        close(fd);
-    pthread_mutex_lock(&sl->lock);
-    e->next = sl->entries;
-    sl->entries = e;
-    shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, e);
-    pthread_mutex_unlock(&sl->lock);
-    return 0;
-not_exist:
-    if (fd >= 0)
-        close(fd);
-    entry_put(e);
-    pthread_mutex_lock(&sl->lock);
-    shm_deliver(sl, m->seq, LLM_KV_CACHE_NOT_EXIST, NULL, NULL);
-    pthread_mutex_unlock(&sl->lock);
-    return 0;
-err_proto:
-    if (fd >= 0)
-        close(fd);
-    entry_put(e);
-    return -1;
-}
-
-/* The peer's cache is gone: stop using it, then acknowledge. */
-static int
-shm_on_inval(shm_link *sl, const shm_msg *m)
-{
-    shm_rbuf r = m->body;
-    int64_t id = (int64_t)r_u64(&r, 8);
-
-    if (r.bad || r.off != r.len)
-        return -1;
-    pthread_mutex_lock(&sl->lock);
-    shm_entry *e = entry_find(sl, id);
-    if (e != NULL) {
-        e->dead = true;
-        while (e->users > 0)
-            pthread_cond_wait(&sl->cond, &sl->lock);
-        for (shm_entry **p = &sl->entries; *p != NULL; p = &(*p)->next) {
-            if (*p == e) {
-                *p = e->next;
-                break;
-            }
-        }
-    }
-    pthread_mutex_unlock(&sl->lock);
-    if (e != NULL) {
-        /* Nobody copies through it any more; a pooled entry has no
-         * mapping of its own and is now simply unreachable. */
-        if (e->map != NULL)
-            munmap(e->map, e->map_len);
-        e->map = NULL;
-        entry_put(e);
-    }
-    return shm_send(sl, SMSG_INVAL_ACK, m->seq, NULL, 0, -1,
-                    llmdd__now_ms() + SHM_STALL_MS);
-}
-
-static int
-shm_dispatch(shm_link *sl, shm_msg *m, uint8_t *out)
-{
-    switch (m->type) {
-    case SMSG_QUERY:
-        return shm_serve_query(sl, m, out);
-    case SMSG_QUERY_REPLY:
-        return shm_on_query_reply(sl, m);
-    case SMSG_INVAL:
-        return shm_on_inval(sl, m);
-    case SMSG_INVAL_ACK:
-        if (m->body.len != 0)
-            return -1;
-        pthread_mutex_lock(&sl->lock);
-        shm_deliver(sl, m->seq, LLM_SUCCESS, NULL, NULL);
-        pthread_mutex_unlock(&sl->lock);
-        return 0;
-    default:
-        return -1;
-    }
-}
-
-/*
- * The end of a link's socket: stop touching the peer's memory, say so with
- * a half-close, wait for the peer to say the same, release our leases.
- */
-static void
-shm_teardown(shm_link *sl, bool peer_closed)
-{
-    shm_entry *list;
-
-    pthread_mutex_lock(&sl->lock);
-    sl->down = true;
-    pthread_cond_broadcast(&sl->cond);
-    for (shm_entry *e = sl->entries; e != NULL; e = e->next)
-        e->dead = true;
-    for (;;) {
-        bool busy = false;
-        for (shm_entry *e = sl->entries; e != NULL && !busy; e = e->next)
-            busy = e->users > 0;
-        if (!busy)
-            break;
-        pthread_cond_wait(&sl->cond, &sl->lock);
-    }
-    list = sl->entries;
-    sl->entries = NULL;
-    uint8_t *pool = sl->pool;
-    size_t pool_len = sl->pool_len;
-    sl->pool = NULL;
-    pthread_mutex_unlock(&sl->lock);
-    while (list != NULL) {
-        shm_entry *e = list;
-        list = e->next;
-        if (e->map != NULL)
-            munmap(e->map, e->map_len);
-        e->map = NULL;
-        entry_put(e);
-    }
-    if (pool != NULL)
-        munmap(pool, pool_len);
-
-    shutdown(sl->sock, SHUT_WR);
-    /* The peer's EOF (its own half-close, or its exit) is its word that it
-     * no longer touches our memory; a reset is a close too. */
-    bool confirmed = peer_closed;
-    int64_t deadline = llmdd__now_ms() + SHM_BYE_MS;
-    while (!peer_closed) {
-        shm_msg m;
-        int k = shm_recv(sl, &m);
-        if (k == 1 && m.fd >= 0)
-            close(m.fd);
-        if (k == 0 || k == -2) {
-            confirmed = k == 0 || errno == ECONNRESET;
-            break;
-        }
-        if (k == -1 && shm_poll(sl, sl->sock, POLLIN, deadline, false) != 1) {
-            log_warn("shm: cluster %llu did not close its socket in time",
-                     (unsigned long long)sl->link->peer.cluster_id);
-            break;
-        }
-    }
-    leases_release(sl, confirmed);
-}
-
-/* Serves the socket until the link goes down; runs in a counted thread. */
-static void
-shm_reader(shm_link *sl)
-{
-    llmdd__link *link = sl->link;
-    const char *why;
-    bool peer_closed = false;
-
-    for (;;) {
-        shm_msg m;
-        int k = shm_recv(sl, &m);
-        if (k == -1) {
-            if (shm_poll(sl, sl->sock, POLLIN, INT64_MAX, true) == 1)
-                continue;
-            why = "shm: socket error";
-            break;
-        }
-        if (k == 0) {
-            why = "shm: peer closed its socket";
-            peer_closed = true;
-            break;
-        }
-        int rc = k == 1 ? shm_dispatch(sl, &m, sl->obuf) : -1;
-        if (k == 1 && m.fd >= 0)
-            close(m.fd); /* a descriptor where none belongs */
-        if (rc != 0) {
-            why = "shm: socket error or bad message";
-            pthread_mutex_lock(&sl->lock);
-            bool down = sl->down; /* a reply that could not go out */
-            pthread_mutex_unlock(&sl->lock);
-            if (down)
-                break;
-            if (k == 1)
-                log_error("shm: cluster %llu: bad message (type %u)",
-                          (unsigned long long)link->peer.cluster_id, m.type);
-            else
-                log_error("shm: cluster %llu: socket: %s",
-                          (unsigned long long)link->peer.cluster_id,
-                          strerror(errno));
-            break;
-        }
-    }
-    /* A no-op when the link is already down (the usual way out). */
-    llmdd__link_drop(link, why);
-    shm_teardown(sl, peer_closed);
-}
-
-static void *
-shm_reader_main(void *arg)
-{
-    shm_link *sl = arg;
-    llmdd__link *link = sl->link;
-
-    shm_reader(sl);
-    llmdd__link_put(link);
-    return NULL;
-}
-
-/* ---- Transfers. ---- */
-
-/*
- * Whether the owner has begun to end the link: our side is down, or the
- * owner half-closed or closed the socket. Its teardown starts with that
- * half-close, and only after it may it free memory a copy of ours targets,
- * so a copy that finds this false once it is done ran entirely on memory
- * still leased to us.
- */
-static bool
-shm_owner_left(shm_link *sl)
-{
-    pthread_mutex_lock(&sl->lock);
-    bool down = sl->down;
-    int fd = sl->sock;
-    pthread_mutex_unlock(&sl->lock);
-    if (down)
-        return true;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) == 1 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
-/* One batch of the copy engine; it has fenced its stores once this returns,
- * before the transfer is reported or a notification follows. */
-static void
-shm_copy(const shm_entry *e, const llmdd__xfer *x)
-{
-    llmdd__copy_batch b;
-
-    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
-    for (uint32_t t = 0; t < x->count; t++) {
-        uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
-        uint8_t *lbase = x->local[t];
-        for (size_t i = 0; i < x->nruns; i++) {
-            const llmdd__xrun *r = &x->runs[i];
-            if (x->write)
-                llmdd__copy(&b, rbase + r->remote_off, lbase + r->local_off,
-                            r->len);
-            else
-                llmdd__copy(&b, lbase + r->local_off, rbase + r->remote_off,
-                            r->len);
-        }
-    }
-    llmdd__copy_end(&b);
-}
-
-/*
- * Cross-memory attach in batches of SHM_IOV_BATCH iovec pairs. 0 done; -1
- * with *err the errno; -2 the link went down or the deadline passed.
- */
-static int
-shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, int *err)
-{
-    struct iovec liov[SHM_IOV_BATCH], riov[SHM_IOV_BATCH];
-    pid_t pid = (pid_t)sl->link->peer.pid;
-    uint32_t t = 0;
-    size_t r = 0;
-    uint64_t done = 0; /* bytes of run r of tensor t already moved */
-
-    while (t < x->count) {
-        size_t n = 0;
-        uint64_t total = 0;
-        uint32_t bt = t;
-        size_t br = r;
-        uint64_t bdone = done;
-        while (n < SHM_IOV_BATCH && bt < x->count &&
-               total < SHM_CMA_BATCH_BYTES) {
-            const llmdd__xrun *run = &x->runs[br];
-            uint64_t len = run->len - bdone;
-            if (len > SHM_CMA_BATCH_BYTES - total)
-                len = SHM_CMA_BATCH_BYTES - total;
-            liov[n].iov_base = x->local[bt] + run->local_off + bdone;
-            riov[n].iov_base = (void *)(uintptr_t)(
-                e->addrs[x->remote_first + bt] + run->remote_off + bdone);
-            liov[n].iov_len = riov[n].iov_len = (size_t)len;
-            total += len;
-            n++;
-            bdone += len;
-            if (bdone == run->len) {
-                bdone = 0;
-                if (++br == x->nruns) {
-                    br = 0;
-                    bt++;
-                }
-            }
-        }
-        ssize_t k = 0;
-        if (total > 0)
-            k = x->write ? process_vm_writev(pid, liov, n, riov, n, 0)
-                         : process_vm_readv(pid, liov, n, riov, n, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 || (k == 0 && total > 0)) {
-            *err = k < 0 ? errno : EFAULT;
-            return -1;
-        }
-        /* Advance by what moved; a short count resumes mid-run. */
-        uint64_t moved = (uint64_t)k;
-        while (t < x->count) {
-            uint64_t left = x->runs[r].len - done;
-            if (moved < left) {
-                done += moved;
-                break;
-            }
-            moved -= left;
-            done = 0;
-            if (++r == x->nruns) {
-                r = 0;
-                t++;
-            }
-        }
-        /* A peer that was stopped between batches must not write on into
-         * memory the owner may have handed back meanwhile. */
-        if (t < x->count &&
-            (shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
-            return -2;
-    }
-    return 0;
-}
-
-static llmdd_status
-shm_stream_xfer(shm_link *sl, const llmdd__xfer *x)
-{
-    atomic_fetch_add(&stat_stream, 1);
-    return llmdd__stream_xfer(sl->stream, x);
-}
-
-/* The owner refused CMA: log once, use the data plane for this cache. */
-static void
-shm_cma_refused(shm_link *sl, shm_entry *e, int err)
-{
-    pthread_mutex_lock(&sl->lock);
-    e->kind = SHM_KIND_STREAM;
-    bool first = !e->warned;
-    e->warned = true;
-    pthread_mutex_unlock(&sl->lock);
-    if (!first)
-        return;
-    atomic_fetch_add(&stat_refused, 1);
-    log_warn("shm: cross-memory attach to pid %u of cluster %llu refused "
-             "(%s); cache %lld uses tcp",
-             sl->link->peer.pid, (unsigned long long)sl->link->peer.cluster_id,
-             strerror(err), (long long)e->id);
-}
-
-static llmdd_status
-shm_xfer(llmdd__link *link, const llmdd__xfer *x)
-{
-    shm_link *sl = link->tp;
-    shm_entry *e = x->remote->priv;
-    llmdd_status st = LLM_SUCCESS;
-    int kind = 0;
-
-    if (e == NULL) /* a link without the socket */
-        return shm_stream_xfer(sl, x);
-    /* The core checked every run; recheck what indexes our mapping. */
-    if (x->remote_first > e->ntensors || x->count > e->ntensors ||
-        x->remote_first + x->count > e->ntensors)
-        return LLM_PARAM_INVALID;
-    for (size_t i = 0; i < x->nruns; i++)
-        if (x->runs[i].len > e->tensor_size ||
-            x->runs[i].remote_off > e->tensor_size - x->runs[i].len)
-            return LLM_PARAM_INVALID;
-    pthread_mutex_lock(&sl->lock);
-    if (sl->down)
-        st = LLM_NOT_YET_LINK;
-    else if (e->dead)
-        st = LLM_KV_CACHE_NOT_EXIST;
-    else if ((kind = e->kind) != SHM_KIND_STREAM)
-        e->users++;
-    pthread_mutex_unlock(&sl->lock);
-    if (st != LLM_SUCCESS)
-        return st;
-    if (kind == SHM_KIND_STREAM)
-        return shm_stream_xfer(sl, x);
-
-    int err = 0, rc = 0;
-    bool left = false;
-    if (kind == SHM_KIND_MEMFD) {
-        shm_copy(e, x);
-        atomic_fetch_add(&stat_memfd, 1);
-        /* Stalled mid-copy (SIGSTOP, a long page fault) past the owner's
-         * patience: the owner dropped the link, and the pages may belong
-         * to another cache by now (a pool hands them out again only once
-         * this process exits, an older owner sooner). Do not call the
-         * copy a success. */
-        left = shm_owner_left(sl);
-    } else {
-        rc = shm_cma(sl, e, x, &err);
-        if (rc == 0)
-            atomic_fetch_add(&stat_cma, 1);
-    }
-    pthread_mutex_lock(&sl->lock);
-    if (--e->users == 0)
-        pthread_cond_broadcast(&sl->cond);
-    pthread_mutex_unlock(&sl->lock);
-    if (left)
-        return LLM_NOT_YET_LINK;
-    if (rc == 0)
-        return LLM_SUCCESS;
-    if (rc == -2)
-        return llmdd__now_ms() >= x->deadline_ms ? LLM_TIMEOUT
-                                                 : LLM_NOT_YET_LINK;
-    if (err == EPERM || err == EACCES || err == ENOSYS) {
-        /* Refused before a byte moved: the data plane redoes it all. */
-        shm_cma_refused(sl, e, err);
-        return shm_stream_xfer(sl, x);
-    }
-    if (err == ESRCH) {
-        llmdd__link_drop(link, "shm: peer process gone");
-        return LLM_NOT_YET_LINK;
-    }
-    log_error("shm: cross-memory attach to cluster %llu cache %lld: %s",
-              (unsigned long long)link->peer.cluster_id, (long long)e->id,
-              strerror(err));
-    return LLM_FAILED;
-}
-
 static llmdd_status
 shm_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-          llmdd__remote_cache *out)
+          llmdd_cache_desc *desc, void **priv)
 {
     shm_link *sl = link->tp;
     shm_wait w;
-    int rc = shm_call(sl, SMSG_QUERY, id, deadline_ms, &w);
+    int rc = llmdd__shm_call(sl, SMSG_QUERY, id, deadline_ms, &w);
 
+    *priv = NULL;
     if (rc == 1)
-        return llmdd__stream_query(sl->stream, id, deadline_ms, out);
+        return llmdd__stream_query(sl->stream, id, deadline_ms, desc);
     if (rc != 0)
         return llmdd__now_ms() >= deadline_ms ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
     if (w.status != LLM_SUCCESS || w.e == NULL) {
-        entry_put(w.e);
+        llmdd__shm_entry_put(w.e);
         return LLM_KV_CACHE_NOT_EXIST;
     }
-    out->desc = w.desc;
-    if (llmdd__desc_check(&out->desc, &out->tensor_size, &out->stride) !=
-        LLM_SUCCESS) {
-        entry_put(w.e);
-        return LLM_KV_CACHE_NOT_EXIST;
-    }
-    out->priv = w.e;
+    *desc = w.desc;
+    *priv = w.e;
     return LLM_SUCCESS;
 }
 
 static void
 shm_remote_free(llmdd__remote_cache *rc)
 {
-    entry_put(rc->priv);
+    llmdd__shm_entry_put(rc->priv);
     rc->priv = NULL;
 }
 
@@ -1291,8 +179,7 @@ shm_reaches(const llmdd__link *link)
 {
     pid_t pid = (pid_t)link->peer.pid;
 
-    if (memcmp(link->peer.boot_id, llmdd__boot_id(), LLMDD_BOOT_ID_LEN) !=
-        0) {
+    if (!llmdd__peer_same_kernel(&link->peer)) {
         log_info("shm: cluster %llu runs on another kernel",
                  (unsigned long long)link->peer.cluster_id);
         return false;
@@ -1512,7 +399,7 @@ shm_accept_sock(shm_link *sl, bool want)
             errno != EINTR)
             break;
         if (fd < 0 &&
-            shm_poll(sl, sl->listen_fd, POLLIN, deadline, true) != 1)
+            llmdd__shm_poll(sl, sl->listen_fd, POLLIN, deadline, true) != 1)
             break;
     }
     shm_unlisten(sl);
@@ -1525,7 +412,7 @@ shm_accept_sock(shm_link *sl, bool want)
     sl->sock = fd;
     sl->peer_pidfd = shm_pidfd((pid_t)link->peer.pid);
     pthread_mutex_unlock(&sl->lock);
-    if (shm_send(sl, SMSG_READY, 0, NULL, 0, -1, deadline) != 0) {
+    if (llmdd__shm_send(sl, SMSG_READY, 0, NULL, 0, -1, deadline) != 0) {
         llmdd__link_drop(link, "shm: socket setup failed");
         return;
     }
@@ -1533,7 +420,7 @@ shm_accept_sock(shm_link *sl, bool want)
     sl->ready = true;
     pthread_cond_broadcast(&sl->cond);
     pthread_mutex_unlock(&sl->lock);
-    shm_reader(sl);
+    llmdd__shm_reader(sl);
 }
 
 /* Client side: the socket, or a reason why not. */
@@ -1599,13 +486,13 @@ shm_client_init(shm_link *sl)
     close(dfd);
     for (;;) {
         shm_msg m;
-        int k = shm_recv(sl, &m);
+        int k = llmdd__shm_recv(sl, &m);
         if (k == 1 && m.fd >= 0)
             close(m.fd);
         if (k == 1 && m.type == SMSG_READY && m.body.len == 0)
             break;
-        if (k == -1 && shm_poll(sl, sl->sock, POLLIN, link->deadline_ms,
-                                true) == 1)
+        if (k == -1 &&
+            llmdd__shm_poll(sl, sl->sock, POLLIN, link->deadline_ms, true) == 1)
             continue;
         log_error("shm: cluster %llu: no READY on %s", cid, sl->path);
         return llmdd__now_ms() >= link->deadline_ms ? LLM_TIMEOUT
@@ -1620,7 +507,7 @@ shm_client_init(shm_link *sl)
     pthread_mutex_lock(&link->dd->lock);
     link->refs++;
     pthread_mutex_unlock(&link->dd->lock);
-    if (llmdd__spawn(link->dd, shm_reader_main, sl) != 0) {
+    if (llmdd__spawn(link->dd, llmdd__shm_reader_main, sl) != 0) {
         llmdd__link_put(link);
         return LLM_LINK_FAILED;
     }
@@ -1696,7 +583,7 @@ shm_link_fini(llmdd__link *link)
         if (e->map != NULL)
             munmap(e->map, e->map_len);
         e->map = NULL;
-        entry_put(e);
+        llmdd__shm_entry_put(e);
     }
     if (sl->pool != NULL)
         munmap(sl->pool, sl->pool_len);
@@ -1721,7 +608,7 @@ const llmdd_transport_ops llmdd__shm_ops = {
     .accept_conn = shm_accept_conn,
     .query = shm_query,
     .remote_free = shm_remote_free,
-    .xfer = shm_xfer,
-    .cache_removed = shm_cache_removed,
+    .xfer = llmdd__shm_xfer,
+    .cache_removed = llmdd__shm_cache_removed,
     .reopen = shm_reopen,
 };

@@ -27,7 +27,8 @@
 
 #include "core/internal.h"
 #include "base/net.h"
-#include "ctrl/wire.h"
+#include "base/wire.h"
+#include "transport/serve.h"
 #include "transport/stream/stream.h"
 
 #define STREAM_SERVE_MAX 8
@@ -53,11 +54,9 @@ struct llmdd__stream {
     int nconns; /* requester connections open, idle or busy */
     int busy[LLMDD__STREAM_CONNS_MAX];
     int nbusy;
-    struct {
-        int fd;
-        int64_t cache_id; /* whose memory the request in progress moves */
-    } serve[STREAM_SERVE_MAX]; /* connections being served, for shutdown */
-    int nserve;
+    /* Connections being served; a conn's cache_id is whose memory the
+     * request in progress moves (serve_mark). */
+    llmdd__serve_set serve;
     bool down;
 };
 
@@ -168,32 +167,6 @@ drain(llmdd *dd, int fd, uint64_t len)
 
 /* ---- Serving side. ---- */
 
-static bool
-serve_track(llmdd__stream *s, int fd, bool add)
-{
-    bool ok = true;
-
-    pthread_mutex_lock(&s->lock);
-    if (add) {
-        ok = !s->down && s->nserve < STREAM_SERVE_MAX;
-        if (ok) {
-            s->serve[s->nserve].fd = fd;
-            s->serve[s->nserve].cache_id = 0;
-            s->nserve++;
-        }
-    } else {
-        for (int i = 0; i < s->nserve; i++) {
-            if (s->serve[i].fd == fd) {
-                s->serve[i] = s->serve[--s->nserve];
-                break;
-            }
-        }
-        pthread_cond_broadcast(&s->cond);
-    }
-    pthread_mutex_unlock(&s->lock);
-    return ok;
-}
-
 static int
 serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
 {
@@ -224,9 +197,9 @@ static void
 serve_mark(llmdd__stream *s, int fd, int64_t cache_id)
 {
     pthread_mutex_lock(&s->lock);
-    for (int i = 0; i < s->nserve; i++)
-        if (s->serve[i].fd == fd)
-            s->serve[i].cache_id = cache_id;
+    for (int i = 0; i < s->serve.n; i++)
+        if (s->serve.conn[i].fd == fd)
+            s->serve.conn[i].cache_id = cache_id;
     if (cache_id == 0)
         pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
@@ -328,7 +301,8 @@ serve_conn(llmdd__stream *s, int fd)
     uint8_t *buf = malloc(LLMDD_WIRE_MAX_PAYLOAD);
     uint64_t *offs = malloc(2 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
 
-    if (buf == NULL || offs == NULL || !serve_track(s, fd, true))
+    if (buf == NULL || offs == NULL ||
+        !llmdd__serve_track(&s->serve, fd, true))
         goto out;
     for (;;) {
         uint16_t type;
@@ -352,7 +326,7 @@ serve_conn(llmdd__stream *s, int fd)
         if (rc != 0)
             break;
     }
-    serve_track(s, fd, false);
+    llmdd__serve_track(&s->serve, fd, false);
 out:
     free(offs);
     free(buf);
@@ -464,7 +438,7 @@ io_status(llmdd__link *link, int64_t deadline)
 
 llmdd_status
 llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
-                    llmdd__remote_cache *out)
+                    llmdd_cache_desc *desc)
 {
     llmdd__link *link = s->link;
     llmdd *dd = link->dd;
@@ -483,25 +457,20 @@ llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
         llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
                         deadline, &to) != 0 ||
         type != WMSG_QUERY_REPLY ||
-        llmdd__wire_desc_decode(buf, len, &status, &out->desc) != 0) {
+        llmdd__wire_desc_decode(buf, len, &status, desc) != 0) {
         /* Drop first (if the peer is lost): then no REV is asked for. */
         st = io_status(link, deadline);
         pool_give(s, fd, false);
         return st;
     }
     pool_give(s, fd, true);
-    if (status != LLM_SUCCESS)
-        return LLM_KV_CACHE_NOT_EXIST;
-    if (llmdd__desc_check(&out->desc, &out->tensor_size, &out->stride) !=
-        LLM_SUCCESS)
-        return LLM_KV_CACHE_NOT_EXIST;
-    return LLM_SUCCESS;
+    return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
 }
 
 /* One request of at most LLMDD_WIRE_MAX_RUNS runs. */
 static llmdd_status
 xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
-           const llmdd__xrun *runs, size_t nruns, uint64_t *offs,
+           const llmdd__run *runs, size_t nruns, uint64_t *offs,
            uint64_t *lens, uint8_t *buf, size_t cap, bool *conn_ok)
 {
     llmdd *dd = link->dd;
@@ -513,9 +482,9 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
                          .lens = lens};
     seg_iter it = {.bases = x->local,
                    .count = x->count,
-                   .offs = &runs[0].local_off,
+                   .offs = x->write ? &runs[0].src_off : &runs[0].dst_off,
                    .lens = &runs[0].len,
-                   .step = sizeof(llmdd__xrun) / sizeof(uint64_t),
+                   .step = sizeof(llmdd__run) / sizeof(uint64_t),
                    .nruns = nruns};
     uint64_t total = 0;
     uint32_t status;
@@ -525,7 +494,7 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
 
     *conn_ok = false;
     for (size_t i = 0; i < nruns; i++) {
-        offs[i] = runs[i].remote_off;
+        offs[i] = llmdd__run_remote(x, &runs[i]);
         lens[i] = runs[i].len;
         total += runs[i].len;
     }
@@ -656,6 +625,8 @@ llmdd__stream_new(llmdd__link *link, int nfwd, int nrev)
     s->nrev = conns_clamp(nrev);
     pthread_mutex_init(&s->lock, NULL);
     llmdd__cond_init(&s->cond);
+    llmdd__serve_init(&s->serve, &s->lock, &s->cond, &s->down,
+                      STREAM_SERVE_MAX);
     return s;
 }
 
@@ -755,8 +726,7 @@ llmdd__stream_shutdown(llmdd__stream *s)
         return;
     pthread_mutex_lock(&s->lock);
     s->down = true;
-    for (int i = 0; i < s->nserve; i++)
-        shutdown(s->serve[i].fd, SHUT_RDWR);
+    llmdd__serve_shutdown(&s->serve);
     for (int i = 0; i < s->nbusy; i++)
         shutdown(s->busy[i], SHUT_RDWR);
     for (int i = 0; i < s->nidle; i++)
@@ -771,8 +741,8 @@ llmdd__stream_shutdown(llmdd__stream *s)
 static bool
 serving(const llmdd__stream *s, int64_t cache_id)
 {
-    for (int i = 0; i < s->nserve; i++)
-        if (s->serve[i].cache_id == cache_id)
+    for (int i = 0; i < s->serve.n; i++)
+        if (s->serve.conn[i].cache_id == cache_id)
             return true;
     return false;
 }
@@ -792,14 +762,14 @@ llmdd__stream_cache_removed(llmdd__stream *s, const llmdd__cache *cache)
         llmdd__cond_wait_until(&s->cond, &s->lock, deadline);
     /* Cut what is still at it: the serving thread fails out of its I/O and
      * lets go of the cache, which the owner is waiting for. */
-    for (int i = 0; i < s->nserve; i++) {
-        if (s->serve[i].cache_id != cache->id)
+    for (int i = 0; i < s->serve.n; i++) {
+        if (s->serve.conn[i].cache_id != cache->id)
             continue;
         log_warn("cluster %llu still moving cache %lld %u ms after it was "
                  "removed; its data connection is cut",
                  (unsigned long long)s->link->peer.cluster_id,
                  (long long)cache->id, (unsigned)wait_ms);
-        shutdown(s->serve[i].fd, SHUT_RDWR);
+        shutdown(s->serve.conn[i].fd, SHUT_RDWR);
     }
     pthread_mutex_unlock(&s->lock);
 }

@@ -71,8 +71,7 @@ void llmdd__stream_free(llmdd__stream *s);
 
 /* ops->query and ops->xfer over the data connections. */
 llmdd_status llmdd__stream_query(llmdd__stream *s, int64_t id,
-                                 int64_t deadline_ms,
-                                 llmdd__remote_cache *out);
+                                 int64_t deadline_ms, llmdd_cache_desc *desc);
 llmdd_status llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x);
 
 #endif

@@ -53,9 +53,10 @@ tcp_cache_removed(llmdd__link *link, const llmdd__cache *cache)
 
 static llmdd_status
 tcp_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-          llmdd__remote_cache *out)
+          llmdd_cache_desc *desc, void **priv)
 {
-    return llmdd__stream_query(link->tp, id, deadline_ms, out);
+    *priv = NULL;
+    return llmdd__stream_query(link->tp, id, deadline_ms, desc);
 }
 
 static llmdd_status

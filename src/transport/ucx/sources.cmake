@@ -17,6 +17,11 @@ if(NOT _llmdd_with_ucx STREQUAL "OFF")
     set(LLMDD_HAVE_UCX ON)
     list(APPEND LLMDD_SOURCES
       src/transport/ucx/ucx.c
+      src/transport/ucx/ucx_am.c
+      src/transport/ucx/ucx_ctx.c
+      src/transport/ucx/ucx_ep.c
+      src/transport/ucx/ucx_serve.c
+      src/transport/ucx/ucx_xfer.c
       src/transport/ucx/ucx_wire.c)
     list(APPEND LLMDD_DEFS LLMDD_HAVE_UCX)
     list(APPEND LLMDD_EXTRA_LIBS PkgConfig::UCX)

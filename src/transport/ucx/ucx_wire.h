@@ -1,6 +1,6 @@
 /*
  * The ucx transport's exchange messages (docs/rdma.md). They travel in the
- * common frame (ctrl/wire.h: magic, version, type, length) with the types
+ * common frame (base/wire.h: magic, version, type, length) with the types
  * WMSG_UCX_*, over the link's data connections:
  *
  *   UCX_HELLO        version, the sender's UCP version, flags, the key its
@@ -36,11 +36,26 @@
 
 #include <llmdd/llmdd.h>
 
+#include "base/wire.h"
+
 #define LLMDD_UCX_WIRE_VERSION 2
 #define LLMDD_UCX_ADDR_MAX 65536u /* a worker address */
 #define LLMDD_UCX_RKEY_MAX 4096u  /* one packed remote key */
 #define LLMDD_UCX_AM_CHUNK (256u << 10) /* the most one GET or PUT moves */
 #define LLMDD_UCX_HELLO_RDMA 1u /* flags: the sender has an RDMA transport */
+
+/* Frame types, in the range base/wire.h reserves for ucx. */
+enum {
+    WMSG_UCX_HELLO = WMSG_UCX_FIRST,
+    WMSG_UCX_HELLO_REPLY,
+    WMSG_UCX_QUERY,
+    WMSG_UCX_QUERY_REPLY,
+    WMSG_UCX_REVOKE,
+    WMSG_UCX_REVOKE_ACK,
+    WMSG_UCX_END /* not a type */
+};
+_Static_assert(WMSG_UCX_END - 1 <= WMSG_UCX_LAST,
+               "ucx frame types outside their range");
 
 /* Active message ids. */
 enum {
@@ -118,6 +133,9 @@ size_t llmdd__ucx_ack_encode(uint64_t seq, uint32_t status, uint8_t *buf,
                              size_t cap);
 int llmdd__ucx_ack_decode(const uint8_t *buf, size_t len, uint64_t *seq,
                           uint32_t *status);
+
+/* The seq every reply (QUERY_REPLY, REVOKE_ACK) starts with. */
+int llmdd__ucx_seq_peek(const uint8_t *buf, size_t len, uint64_t *seq);
 
 /* QUERY_REPLY. The size a successful reply needs, 0 on overflow. */
 size_t llmdd__ucx_reply_size(const llmdd__ucx_reply *m);

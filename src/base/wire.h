@@ -20,6 +20,20 @@
 #define LLMDD_WIRE_NONCE_LEN 16
 #define LLMDD_WIRE_NAME_MAX 15
 
+/*
+ * Frame types. Each owner has its own range and defines its numbers in its
+ * own header; the frame decoder accepts 1..WMSG_TYPE_MAX-1 and the owner
+ * rejects what it does not expect in its state:
+ *   1..19   the control plane (ctrl/), below
+ *   20..39  the stream data plane (transport/stream), below
+ *   40..49  the ucx transport's exchange (transport/ucx/ucx_wire.h)
+ *   50..63  free, for another transport's exchange
+ * shm's Unix-domain socket carries its own header and numbers
+ * (transport/shm), not this frame.
+ */
+#define WMSG_UCX_FIRST 40
+#define WMSG_UCX_LAST 49
+
 enum llmdd__msg_type {
     WMSG_HELLO = 1,
     WMSG_HELLO_REPLY = 2,
@@ -38,15 +52,9 @@ enum llmdd__msg_type {
     WMSG_READ_REPLY = 23,
     WMSG_WRITE = 24,
     WMSG_WRITE_REPLY = 25,
-    /* 40..49: the ucx transport's exchange (transport/ucx/ucx_wire.h). */
-    WMSG_UCX_HELLO = 40,
-    WMSG_UCX_HELLO_REPLY = 41,
-    WMSG_UCX_QUERY = 42,
-    WMSG_UCX_QUERY_REPLY = 43,
-    WMSG_UCX_REVOKE = 44,
-    WMSG_UCX_REVOKE_ACK = 45,
     WMSG_TYPE_MAX = 64,
 };
+_Static_assert(WMSG_UCX_LAST < WMSG_TYPE_MAX, "the ucx range is too high");
 
 enum llmdd__conn_kind { CONN_CTRL = 1, CONN_DATA = 2 };
 

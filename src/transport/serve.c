@@ -1,0 +1,48 @@
+#include "transport/serve.h"
+
+#include <sys/socket.h>
+
+void
+llmdd__serve_init(llmdd__serve_set *set, pthread_mutex_t *lock,
+                  pthread_cond_t *cond, const bool *down, int max)
+{
+    set->lock = lock;
+    set->cond = cond;
+    set->down = down;
+    set->max = max < LLMDD__SERVE_MAX ? max : LLMDD__SERVE_MAX;
+    set->n = 0;
+}
+
+bool
+llmdd__serve_track(llmdd__serve_set *set, int fd, bool add)
+{
+    bool ok = true;
+
+    pthread_mutex_lock(set->lock);
+    if (add) {
+        ok = !*set->down && set->n < set->max;
+        if (ok) {
+            set->conn[set->n].fd = fd;
+            set->conn[set->n].cache_id = 0;
+            set->n++;
+        }
+    } else {
+        for (int i = 0; i < set->n; i++) {
+            if (set->conn[i].fd == fd) {
+                set->conn[i] = set->conn[--set->n];
+                break;
+            }
+        }
+        if (set->cond != NULL)
+            pthread_cond_broadcast(set->cond);
+    }
+    pthread_mutex_unlock(set->lock);
+    return ok;
+}
+
+void
+llmdd__serve_shutdown(llmdd__serve_set *set)
+{
+    for (int i = 0; i < set->n; i++)
+        shutdown(set->conn[i].fd, SHUT_RDWR);
+}

@@ -1,0 +1,313 @@
+/*
+ * The shm transport's data path: mapping what a QUERY_REPLY describes, and
+ * the transfers (memcpy through a mapped memfd, cross-memory attach, or the
+ * socket data plane).
+ */
+#include "transport/shm/shm_int.h"
+
+static atomic_uint_fast64_t stat_memfd, stat_cma, stat_stream, stat_refused;
+
+void
+llmdd__shm_stats_get(llmdd__shm_stats *out)
+{
+    out->memfd_xfers = atomic_load(&stat_memfd);
+    out->cma_xfers = atomic_load(&stat_cma);
+    out->stream_xfers = atomic_load(&stat_stream);
+    out->cma_refused = atomic_load(&stat_refused);
+}
+
+/* ---- The peer's side: mapping what a QUERY_REPLY describes. ---- */
+
+/* Maps the peer's memfd for an entry; takes ownership of fd. */
+int
+llmdd__shm_map(shm_link *sl, shm_entry *e, int fd, bool pooled, uint64_t fd_off,
+               uint64_t len)
+{
+    unsigned long long cid =
+        (unsigned long long)sl->link->peer.cluster_id;
+    struct stat st;
+    uint64_t end, tensors;
+
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size <= 0)
+        goto err_bad;
+    /* A file the owner could still shrink would make our copies fault
+     * (SIGBUS) on the pages it cut: map only memfds sealed against it. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        log_error("shm: cluster %llu passed cache %lld in a file not sealed "
+                  "against shrinking; not mapping it",
+                  cid, (long long)e->id);
+        close(fd);
+        return -1;
+    }
+    if (__builtin_add_overflow(fd_off, len, &end) ||
+        end > (uint64_t)st.st_size ||
+        __builtin_mul_overflow(e->pitch, (uint64_t)e->ntensors, &tensors) ||
+        tensors > len || e->tensor_size > e->pitch)
+        goto err_bad;
+    if (!pooled) {
+        e->map_len = (size_t)st.st_size;
+        e->map = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (e->map == MAP_FAILED) {
+            e->map = NULL;
+            log_error("shm: mapping cache %lld of cluster %llu: %s",
+                      (long long)e->id, cid, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        e->base = e->map + fd_off;
+        close(fd);
+        return 0;
+    }
+    /* Only the reader maps, so the pool needs no lock to be set once. */
+    if (sl->pool == NULL) {
+        uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                          MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            log_error("shm: mapping the pool of cluster %llu: %s", cid,
+                      strerror(errno));
+            close(fd);
+            return -1;
+        }
+        pthread_mutex_lock(&sl->lock);
+        sl->pool = p;
+        sl->pool_len = (size_t)st.st_size;
+        sl->pool_dev = st.st_dev;
+        sl->pool_ino = st.st_ino;
+        pthread_mutex_unlock(&sl->lock);
+    } else if (st.st_dev != sl->pool_dev || st.st_ino != sl->pool_ino ||
+               end > sl->pool_len) {
+        goto err_bad;
+    }
+    close(fd);
+    e->base = sl->pool + fd_off;
+    /* Prefault just this cache's pages; the pool may be mostly unused. */
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t from = fd_off & ~((uint64_t)page - 1);
+    (void)madvise(sl->pool + from, (size_t)(end - from), MADV_POPULATE_WRITE);
+    return 0;
+err_bad:
+    log_error("shm: cluster %llu described cache %lld inconsistently",
+              cid, (long long)e->id);
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+/* ---- Transfers. ---- */
+
+/*
+ * Whether the owner has begun to end the link: our side is down, or the
+ * owner half-closed or closed the socket. Its teardown starts with that
+ * half-close, and only after it may it free memory a copy of ours targets,
+ * so a copy that finds this false once it is done ran entirely on memory
+ * still leased to us.
+ */
+static bool
+shm_owner_left(shm_link *sl)
+{
+    pthread_mutex_lock(&sl->lock);
+    bool down = sl->down;
+    int fd = sl->sock;
+    pthread_mutex_unlock(&sl->lock);
+    if (down)
+        return true;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* One batch of the copy engine; it has fenced its stores once this returns,
+ * before the transfer is reported or a notification follows. */
+static void
+shm_copy(const shm_entry *e, const llmdd__xfer *x)
+{
+    llmdd__copy_batch b;
+
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
+    for (uint32_t t = 0; t < x->count; t++) {
+        uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
+        uint8_t *src = x->write ? x->local[t] : rbase;
+        uint8_t *dst = x->write ? rbase : x->local[t];
+        for (size_t i = 0; i < x->nruns; i++) {
+            const llmdd__run *r = &x->runs[i];
+            llmdd__copy(&b, dst + r->dst_off, src + r->src_off, r->len);
+        }
+    }
+    llmdd__copy_end(&b);
+}
+
+/*
+ * Cross-memory attach in batches of SHM_IOV_BATCH iovec pairs. 0 done; -1
+ * with *err the errno; -2 the link went down or the deadline passed.
+ */
+static int
+shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, int *err)
+{
+    struct iovec liov[SHM_IOV_BATCH], riov[SHM_IOV_BATCH];
+    pid_t pid = (pid_t)sl->link->peer.pid;
+    uint32_t t = 0;
+    size_t r = 0;
+    uint64_t done = 0; /* bytes of run r of tensor t already moved */
+
+    while (t < x->count) {
+        size_t n = 0;
+        uint64_t total = 0;
+        uint32_t bt = t;
+        size_t br = r;
+        uint64_t bdone = done;
+        while (n < SHM_IOV_BATCH && bt < x->count &&
+               total < SHM_CMA_BATCH_BYTES) {
+            const llmdd__run *run = &x->runs[br];
+            uint64_t len = run->len - bdone;
+            if (len > SHM_CMA_BATCH_BYTES - total)
+                len = SHM_CMA_BATCH_BYTES - total;
+            liov[n].iov_base = x->local[bt] + llmdd__run_local(x, run) + bdone;
+            riov[n].iov_base =
+                (void *)(uintptr_t)(e->addrs[x->remote_first + bt] +
+                                    llmdd__run_remote(x, run) + bdone);
+            liov[n].iov_len = riov[n].iov_len = (size_t)len;
+            total += len;
+            n++;
+            bdone += len;
+            if (bdone == run->len) {
+                bdone = 0;
+                if (++br == x->nruns) {
+                    br = 0;
+                    bt++;
+                }
+            }
+        }
+        ssize_t k = 0;
+        if (total > 0)
+            k = x->write ? process_vm_writev(pid, liov, n, riov, n, 0)
+                         : process_vm_readv(pid, liov, n, riov, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 || (k == 0 && total > 0)) {
+            *err = k < 0 ? errno : EFAULT;
+            return -1;
+        }
+        /* Advance by what moved; a short count resumes mid-run. */
+        uint64_t moved = (uint64_t)k;
+        while (t < x->count) {
+            uint64_t left = x->runs[r].len - done;
+            if (moved < left) {
+                done += moved;
+                break;
+            }
+            moved -= left;
+            done = 0;
+            if (++r == x->nruns) {
+                r = 0;
+                t++;
+            }
+        }
+        /* A peer that was stopped between batches must not write on into
+         * memory the owner may have handed back meanwhile. */
+        if (t < x->count &&
+            (shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
+            return -2;
+    }
+    return 0;
+}
+
+static llmdd_status
+shm_stream_xfer(shm_link *sl, const llmdd__xfer *x)
+{
+    atomic_fetch_add(&stat_stream, 1);
+    return llmdd__stream_xfer(sl->stream, x);
+}
+
+/* The owner refused CMA: log once, use the data plane for this cache. */
+static void
+shm_cma_refused(shm_link *sl, shm_entry *e, int err)
+{
+    pthread_mutex_lock(&sl->lock);
+    e->kind = SHM_KIND_STREAM;
+    bool first = !e->warned;
+    e->warned = true;
+    pthread_mutex_unlock(&sl->lock);
+    if (!first)
+        return;
+    atomic_fetch_add(&stat_refused, 1);
+    log_warn("shm: cross-memory attach to pid %u of cluster %llu refused "
+             "(%s); cache %lld uses tcp",
+             sl->link->peer.pid, (unsigned long long)sl->link->peer.cluster_id,
+             strerror(err), (long long)e->id);
+}
+
+llmdd_status
+llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
+{
+    shm_link *sl = link->tp;
+    shm_entry *e = x->remote->priv;
+    llmdd_status st = LLM_SUCCESS;
+    int kind = 0;
+
+    if (e == NULL) /* a link without the socket */
+        return shm_stream_xfer(sl, x);
+    /* The core checked every run; recheck what indexes our mapping. */
+    if (x->remote_first > e->ntensors || x->count > e->ntensors ||
+        x->remote_first + x->count > e->ntensors)
+        return LLM_PARAM_INVALID;
+    for (size_t i = 0; i < x->nruns; i++)
+        if (x->runs[i].len > e->tensor_size ||
+            llmdd__run_remote(x, &x->runs[i]) >
+                e->tensor_size - x->runs[i].len)
+            return LLM_PARAM_INVALID;
+    pthread_mutex_lock(&sl->lock);
+    if (sl->down)
+        st = LLM_NOT_YET_LINK;
+    else if (e->dead)
+        st = LLM_KV_CACHE_NOT_EXIST;
+    else if ((kind = e->kind) != SHM_KIND_STREAM)
+        e->users++;
+    pthread_mutex_unlock(&sl->lock);
+    if (st != LLM_SUCCESS)
+        return st;
+    if (kind == SHM_KIND_STREAM)
+        return shm_stream_xfer(sl, x);
+
+    int err = 0, rc = 0;
+    bool left = false;
+    if (kind == SHM_KIND_MEMFD) {
+        shm_copy(e, x);
+        atomic_fetch_add(&stat_memfd, 1);
+        /* Stalled mid-copy (SIGSTOP, a long page fault) past the owner's
+         * patience: the owner dropped the link, and the pages may belong
+         * to another cache by now (a pool hands them out again only once
+         * this process exits, an older owner sooner). Do not call the
+         * copy a success. */
+        left = shm_owner_left(sl);
+    } else {
+        rc = shm_cma(sl, e, x, &err);
+        if (rc == 0)
+            atomic_fetch_add(&stat_cma, 1);
+    }
+    pthread_mutex_lock(&sl->lock);
+    if (--e->users == 0)
+        pthread_cond_broadcast(&sl->cond);
+    pthread_mutex_unlock(&sl->lock);
+    if (left)
+        return LLM_NOT_YET_LINK;
+    if (rc == 0)
+        return LLM_SUCCESS;
+    if (rc == -2)
+        return llmdd__now_ms() >= x->deadline_ms ? LLM_TIMEOUT
+                                                 : LLM_NOT_YET_LINK;
+    if (err == EPERM || err == EACCES || err == ENOSYS) {
+        /* Refused before a byte moved: the data plane redoes it all. */
+        shm_cma_refused(sl, e, err);
+        return shm_stream_xfer(sl, x);
+    }
+    if (err == ESRCH) {
+        llmdd__link_drop(link, "shm: peer process gone");
+        return LLM_NOT_YET_LINK;
+    }
+    log_error("shm: cross-memory attach to cluster %llu cache %lld: %s",
+              (unsigned long long)link->peer.cluster_id, (long long)e->id,
+              strerror(err));
+    return LLM_FAILED;
+}
