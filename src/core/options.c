@@ -297,6 +297,13 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
             st = parse_transport(v, t.transport);
         } else if (strcmp(k, LLMDD_OPT_MAX_LINKS) == 0) {
             st = parse_max_links(v, &t.max_links);
+        } else if (strcmp(k, LLMDD_OPT_TCP_LANES) == 0) {
+            uint32_t lanes = 0;
+            if (strcmp(v, "auto") != 0 &&
+                (llmdd__parse_u32(v, &lanes) != LLM_SUCCESS || lanes == 0 ||
+                 lanes > LLMDD_TCP_LANES_MAX))
+                st = LLM_PARAM_INVALID;
+            t.tcp_lanes = (int)lanes;
         } else if (strcmp(k, LLMDD_OPT_AUTH_TOKEN) == 0) {
             size_t len = strlen(v);
             if (len == 0 || len > LLMDD_AUTH_TOKEN_MAX)

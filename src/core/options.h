@@ -17,6 +17,7 @@
 #define LLMDD_OPT_TRANSPORT "llm.Transport"
 #define LLMDD_OPT_AUTH_TOKEN "llm.AuthToken"
 #define LLMDD_OPT_MAX_LINKS "llm.MaxLinks"
+#define LLMDD_OPT_TCP_LANES "llm.TcpLanes"
 /* The reference's keys for Ascend resources: accepted, no effect here. */
 #define LLMDD_OPT_IGNORED_MAP(XX)                                              \
     XX("llm.BufPoolCfg", "the transfer buffer pool is Ascend's")               \
@@ -29,6 +30,7 @@
 #define LLMDD_AUTH_TOKEN_MAX 1024
 #define LLMDD_TRANSPORT_NAME_MAX 16
 #define LLMDD_MAX_LINKS_MAX 65535u
+#define LLMDD_TCP_LANES_MAX 16
 
 typedef struct {
     struct sockaddr_storage addr;
@@ -52,6 +54,7 @@ typedef struct {
     char transport[LLMDD_TRANSPORT_NAME_MAX]; /* "auto" or a transport name */
     char *auth_token;                         /* NULL: none; owned */
     uint32_t max_links; /* links a server accepts; see llmdd__max_links_auto */
+    int tcp_lanes;      /* llm.TcpLanes: 1..16, 0 = auto (transport/tcp) */
 } llmdd__options;
 
 /*
