@@ -79,6 +79,14 @@ int
 llmdd__connect(llmdd *dd, const llmdd__sockaddr *addr, int64_t deadline_ms,
                llmdd_status *status)
 {
+    return llmdd__connect_from(dd, addr, NULL, deadline_ms, status);
+}
+
+int
+llmdd__connect_from(llmdd *dd, const llmdd__sockaddr *addr,
+                    const llmdd__sockaddr *from, int64_t deadline_ms,
+                    llmdd_status *status)
+{
     char name[80];
     int fd, err = 0;
     socklen_t elen = sizeof(err);
@@ -88,6 +96,17 @@ llmdd__connect(llmdd *dd, const llmdd__sockaddr *addr, int64_t deadline_ms,
                 0);
     if (fd < 0) {
         log_error("socket: %s", strerror(errno));
+        *status = LLM_LINK_FAILED;
+        return -1;
+    }
+    /* Binding first picks the interface (local_ip_infos); port 0, since
+     * every connection of a link needs its own. */
+    if (from != NULL && from->addr.ss_family != AF_UNSPEC &&
+        bind(fd, (const struct sockaddr *)&from->addr, from->len) != 0) {
+        err = errno;
+        llmdd__sockaddr_str(from, name, sizeof(name));
+        log_error("bind to local address %s: %s", name, strerror(err));
+        close(fd);
         *status = LLM_LINK_FAILED;
         return -1;
     }
@@ -128,7 +147,8 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     bool to;
     int fd;
 
-    fd = llmdd__connect(dd, &link->peer.addr, deadline, &st);
+    fd = llmdd__connect_from(dd, &link->peer.addr, &link->bind_addr,
+                             deadline, &st);
     if (fd < 0)
         return -1;
     llmdd__sock_tune(fd, false);

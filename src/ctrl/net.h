@@ -28,6 +28,11 @@ int llmdd__recv_msg(llmdd *dd, int fd, uint16_t *type, uint8_t *buf,
  */
 int llmdd__connect(llmdd *dd, const llmdd__sockaddr *addr,
                    int64_t deadline_ms, llmdd_status *status);
+/* The same from a local address `from` (NULL or AF_UNSPEC: any); a bind
+ * that fails (not an address of this host) is LLM_LINK_FAILED. */
+int llmdd__connect_from(llmdd *dd, const llmdd__sockaddr *addr,
+                        const llmdd__sockaddr *from, int64_t deadline_ms,
+                        llmdd_status *status);
 
 /* TCP_NODELAY and, for control sockets, keepalive so a dead host shows. */
 void llmdd__sock_tune(int fd, bool keepalive);
