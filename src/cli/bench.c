@@ -202,6 +202,9 @@ static const char bench_usage[] =
     "                          gnuplot (`sh scripts/deps.sh` installs it)\n"
     "      --no-progress       no progress bar (it shows only on a TTY)\n"
     "      --timeout MS        link timeout (default 5000)\n"
+    "      --lanes N           tcp: llm.TcpLanes, auto or 1..16 data\n"
+    "                          connections a transfer of 4 MiB or more is\n"
+    "                          striped over (-o llm.TcpLanes=N)\n"
     "  -o, --option K=V        extra llmdd option for every instance\n"
     "  -h, --help              this text\n"
     "\n"
@@ -1813,6 +1816,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         OPT_INFLIGHT,
         OPT_NUM_LAYERS,
         OPT_COMPUTE_US,
+        OPT_LANES,
     };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, OPT_OP},
@@ -1834,6 +1838,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"inflight", required_argument, NULL, OPT_INFLIGHT},
         {"num-layers", required_argument, NULL, OPT_NUM_LAYERS},
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
+        {"lanes", required_argument, NULL, OPT_LANES},
         {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},
         {"option", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
@@ -1957,6 +1962,13 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
                                      optarg);
             cfg->timeout_ms = (int)v;
             break;
+        case OPT_LANES: {
+            char kv[64];
+            snprintf(kv, sizeof(kv), "llm.TcpLanes=%s", optarg);
+            if (!cli_add_option(&cfg->lo, kv))
+                return cli_usage_err("--lanes: too many options");
+            break;
+        }
         case 'o':
             if (!cli_add_option(&cfg->lo, optarg))
                 return cli_usage_err("-o wants KEY=VALUE, got \"%s\"", optarg);
