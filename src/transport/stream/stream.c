@@ -139,21 +139,37 @@ seg_advance(seg_iter *it, size_t bytes)
 /*
  * Moves every segment through fd by the deadline. With stall_ms > 0 (a
  * serving side) it also gives up once the peer moved nothing for stall_ms.
+ * A sender may put npre buffers first (a frame that announces the data),
+ * consumed in place: header and data then leave in one sendmsg, so that a
+ * small transfer is one segment and wakes its receiver once, not twice.
  */
 static int
 seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
-       int stall_ms)
+       int stall_ms, struct iovec *pre, size_t npre)
 {
     struct iovec iov[STREAM_IOV_MAX];
     int64_t stall = stall_ms > 0 ? llmdd__now_ms() + stall_ms : deadline;
 
-    while (it->t < it->count) {
-        size_t n = seg_fill(it, iov, STREAM_IOV_MAX);
+    for (;;) {
+        size_t np = 0;
+        for (size_t i = 0; i < npre; i++)
+            if (pre[i].iov_len > 0)
+                iov[np++] = pre[i];
+        if (np == 0 && it->t >= it->count)
+            break;
+        size_t n = np + seg_fill(it, iov + np, STREAM_IOV_MAX - np);
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
         ssize_t k = send ? sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL)
                          : recvmsg(fd, &mh, MSG_DONTWAIT);
         if (k > 0) {
-            seg_advance(it, (size_t)k);
+            size_t left = (size_t)k;
+            for (size_t i = 0; i < npre && left > 0; i++) {
+                size_t take = left < pre[i].iov_len ? left : pre[i].iov_len;
+                pre[i].iov_base = (uint8_t *)pre[i].iov_base + take;
+                pre[i].iov_len -= take;
+                left -= take;
+            }
+            seg_advance(it, left);
             if (stall_ms > 0)
                 stall = llmdd__now_ms() + stall_ms;
             continue;
@@ -167,6 +183,48 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
         if (llmdd__wait_fd(dd, fd, send ? POLLOUT : POLLIN,
                            stall < deadline ? stall : deadline) != 1)
             return -1;
+    }
+    return 0;
+}
+
+/*
+ * Requester side of a READ: receives the reply frame into *rv and, in the
+ * same recvmsg, as much of the data as came with it (the server sends both
+ * in one go). It waits before the first read, since a reply cannot be there
+ * yet right after its request. Only a reply without data can fall short of
+ * the data (a refusal, which is all the peer sends), so no byte lands
+ * before the reply is complete that the reply did not announce; a peer
+ * that lies about it is a protocol error caught by the caller.
+ */
+static int
+recv_reply(llmdd *dd, int fd, struct iovec *rv, seg_iter *it,
+           int64_t deadline)
+{
+    struct iovec iov[STREAM_IOV_MAX];
+
+    while (rv->iov_len > 0) {
+        if (llmdd__wait_fd(dd, fd, POLLIN, deadline) != 1)
+            return -1;
+        for (;;) {
+            iov[0] = *rv;
+            size_t n = 1 + seg_fill(it, iov + 1, STREAM_IOV_MAX - 1);
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
+            ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
+            if (k == 0)
+                return -1;
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                break;
+            if (k < 0)
+                return -1;
+            size_t take = (size_t)k < rv->iov_len ? (size_t)k : rv->iov_len;
+            rv->iov_base = (uint8_t *)rv->iov_base + take;
+            rv->iov_len -= take;
+            seg_advance(it, (size_t)k - take);
+            if (rv->iov_len == 0)
+                return 0;
+        }
     }
     return 0;
 }
@@ -315,14 +373,17 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
     if (rc != 0) {
         /* Refused above; no byte moves. */
     } else if (type == WMSG_READ) {
+        uint8_t hdr[LLMDD_WIRE_HDR_LEN];
         n = llmdd__wire_read_reply_encode(st, st == LLM_SUCCESS ? req.total : 0,
                                           out, sizeof(out));
-        rc = llmdd__send_msg(dd, fd, WMSG_READ_REPLY, out, n, stall);
-        if (rc == 0 && st == LLM_SUCCESS)
-            rc = seg_io(dd, fd, &it, true, data, STREAM_STALL_MS);
+        llmdd__wire_frame_encode(hdr, WMSG_READ_REPLY, (uint32_t)n);
+        struct iovec pre[2] = {{hdr, sizeof(hdr)}, {out, n}};
+        /* The reply and its data in one go; a refusal has no data. */
+        rc = seg_io(dd, fd, &it, true, st == LLM_SUCCESS ? data : stall,
+                    STREAM_STALL_MS, pre, 2);
     } else {
         if (st == LLM_SUCCESS)
-            rc = seg_io(dd, fd, &it, false, data, STREAM_STALL_MS);
+            rc = seg_io(dd, fd, &it, false, data, STREAM_STALL_MS, NULL, 0);
         else
             rc = drain(dd, fd, req.total);
         if (rc == 0) {
@@ -577,11 +638,13 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
     }
     total *= x->count;
     len = llmdd__wire_rw_encode(&req, buf, cap);
-    if (llmdd__send_msg(dd, fd, x->write ? WMSG_WRITE : WMSG_READ, buf, len,
-                        x->deadline_ms) != 0)
-        return lane_io_status(link, x->deadline_ms, sp);
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    llmdd__wire_frame_encode(hdr, x->write ? WMSG_WRITE : WMSG_READ,
+                             (uint32_t)len);
+    struct iovec pre[2] = {{hdr, sizeof(hdr)}, {buf, len}};
     if (x->write) {
-        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0) != 0 ||
+        /* The request and its data in one go. */
+        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0, pre, 2) != 0 ||
             llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms,
                             &to) != 0 ||
             type != WMSG_WRITE_REPLY ||
@@ -590,11 +653,21 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
         *conn_ok = true;
         return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
     }
+    seg_iter none = {.count = 0};
+    if (seg_io(dd, fd, &none, true, x->deadline_ms, 0, pre, 2) != 0)
+        return lane_io_status(link, x->deadline_ms, sp);
+    /* The reply frame, and with it whatever data came along. */
+    uint8_t reply[LLMDD_WIRE_HDR_LEN + 16];
+    size_t rlen = LLMDD_WIRE_HDR_LEN +
+                  llmdd__wire_read_reply_encode(0, 0, reply, sizeof(reply));
+    struct iovec rv = {reply, rlen};
+    llmdd__frame f;
     uint64_t got;
-    if (llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms, &to) !=
-            0 ||
-        type != WMSG_READ_REPLY ||
-        llmdd__wire_read_reply_decode(buf, len, &status, &got) != 0)
+    if (recv_reply(dd, fd, &rv, &it, x->deadline_ms) != 0 ||
+        llmdd__wire_frame_decode(reply, &f) != 0 ||
+        f.type != WMSG_READ_REPLY || f.len != rlen - LLMDD_WIRE_HDR_LEN ||
+        llmdd__wire_read_reply_decode(reply + LLMDD_WIRE_HDR_LEN, f.len,
+                                      &status, &got) != 0)
         return lane_io_status(link, x->deadline_ms, sp);
     if (status != LLM_SUCCESS) {
         *conn_ok = true;
@@ -606,7 +679,7 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
                   (unsigned long long)got, (unsigned long long)total);
         return LLM_FAILED;
     }
-    if (seg_io(dd, fd, &it, false, x->deadline_ms, 0) != 0)
+    if (seg_io(dd, fd, &it, false, x->deadline_ms, 0, NULL, 0) != 0)
         return lane_io_status(link, x->deadline_ms, sp);
     *conn_ok = true;
     return LLM_SUCCESS;
