@@ -642,9 +642,16 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
     llmdd__wire_frame_encode(hdr, x->write ? WMSG_WRITE : WMSG_READ,
                              (uint32_t)len);
     struct iovec pre[2] = {{hdr, sizeof(hdr)}, {buf, len}};
+    seg_iter none = {.count = 0};
+    if (seg_io(dd, fd, &none, true, x->deadline_ms, 0, pre, 2) != 0)
+        return lane_io_status(link, x->deadline_ms, sp);
     if (x->write) {
-        /* The request and its data in one go. */
-        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0, pre, 2) != 0 ||
+        /*
+         * The data after the request, not with it: a push cancelled in
+         * between then moves nothing, where data sent along would still
+         * land in the peer's cache after we returned.
+         */
+        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0, NULL, 0) != 0 ||
             llmdd__recv_msg(dd, fd, &type, buf, cap, &len, x->deadline_ms,
                             &to) != 0 ||
             type != WMSG_WRITE_REPLY ||
@@ -653,9 +660,6 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
         *conn_ok = true;
         return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
     }
-    seg_iter none = {.count = 0};
-    if (seg_io(dd, fd, &none, true, x->deadline_ms, 0, pre, 2) != 0)
-        return lane_io_status(link, x->deadline_ms, sp);
     /* The reply frame, and with it whatever data came along. */
     uint8_t reply[LLMDD_WIRE_HDR_LEN + 16];
     size_t rlen = LLMDD_WIRE_HDR_LEN +
