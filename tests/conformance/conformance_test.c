@@ -6,10 +6,11 @@
  *   conformance_test <transport> inproc|proc
  *
  * inproc: the peer instance lives in this process; proc: the peer is a
- * peer_helper process. LLMDD_TEST_TCP_LANES=N runs it with llm.TcpLanes=N
- * on both instances (the peer_helper's own requests are not striped, but
- * ours are), so that every shape also goes through striping. The remote caches are read back with a full pull of
+ * peer_helper process. The remote caches are read back with a full pull of
  * all blocks and compared with the model after every test.
+ * LLMDD_TEST_TCP_LANES=N runs it with llm.TcpLanes=N on both instances (the
+ * peer_helper's own requests are not striped, but ours are), so that every
+ * large shape also goes through striping.
  */
 #include <poll.h>
 #include <stdio.h>

@@ -197,8 +197,7 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
  * that lies about it is a protocol error caught by the caller.
  */
 static int
-recv_reply(llmdd *dd, int fd, struct iovec *rv, seg_iter *it,
-           int64_t deadline)
+recv_reply(llmdd *dd, int fd, struct iovec *rv, seg_iter *it, int64_t deadline)
 {
     struct iovec iov[STREAM_IOV_MAX];
 
