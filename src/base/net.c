@@ -194,7 +194,8 @@ llmdd__sock_tune(int fd, bool keepalive)
 }
 
 int
-llmdd__connect(int stop_fd, const llmdd__sockaddr *addr, int64_t deadline_ms,
+llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
+               const llmdd__sockaddr *from, int64_t deadline_ms,
                llmdd_status *status)
 {
     char name[80];
@@ -206,6 +207,17 @@ llmdd__connect(int stop_fd, const llmdd__sockaddr *addr, int64_t deadline_ms,
                 SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         log_error("socket: %s", strerror(errno));
+        *status = LLM_LINK_FAILED;
+        return -1;
+    }
+    /* Binding first picks the interface (local_ip_infos); port 0, since
+     * every connection of a link needs its own. */
+    if (from != NULL && from->addr.ss_family != AF_UNSPEC &&
+        bind(fd, (const struct sockaddr *)&from->addr, from->len) != 0) {
+        err = errno;
+        llmdd__sockaddr_str(from, name, sizeof(name));
+        log_error("bind to local address %s: %s", name, strerror(err));
+        close(fd);
         *status = LLM_LINK_FAILED;
         return -1;
     }

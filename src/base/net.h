@@ -72,7 +72,8 @@ int llmdd__recv_msg(int stop_fd, int fd, uint16_t *type, uint8_t *buf,
  * LLM_TIMEOUT.
  */
 int llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
-                   int64_t deadline_ms, llmdd_status *status);
+                   const llmdd__sockaddr *from, int64_t deadline_ms,
+                   llmdd_status *status);
 
 /* TCP_NODELAY and, for control sockets, keepalive so a dead host shows. */
 void llmdd__sock_tune(int fd, bool keepalive);

@@ -95,6 +95,9 @@ static const char bench_usage[] =
     "                          gnuplot (`sh scripts/deps.sh` installs it)\n"
     "      --no-progress       no progress bar (it shows only on a TTY)\n"
     "      --timeout MS        link timeout (default 5000)\n"
+    "      --lanes N           tcp: llm.TcpLanes, auto or 1..16 data\n"
+    "                          connections a transfer of 4 MiB or more is\n"
+    "                          striped over (-o llm.TcpLanes=N)\n"
     "  -o, --option K=V        extra llmdd option for every instance\n"
     "  -h, --help              this text\n"
     "\n"
@@ -225,6 +228,7 @@ enum {
     OPT_INFLIGHT,
     OPT_NUM_LAYERS,
     OPT_COMPUTE_US,
+    OPT_LANES,
 };
 
 static int
@@ -311,6 +315,13 @@ bench_opt(void *ctx, int opt, const char *arg)
             return cli_usage_err("--inflight: want 1..%u, got \"%s\"",
                                  BENCH_MAX_INFLIGHT, arg);
         break;
+    case OPT_LANES: {
+        char kv[64];
+        snprintf(kv, sizeof(kv), "llm.TcpLanes=%s", arg);
+        if (!cli_add_option(&c->lo, kv))
+            return cli_usage_err("--lanes: too many options");
+        break;
+    }
     case OPT_MIN_TIME:
         if (!cli_parse_u32(arg, 1, 3600000, &c->min_time_ms))
             return cli_usage_err("--min-time: bad milliseconds \"%s\"", arg);
@@ -344,6 +355,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"inflight", required_argument, NULL, OPT_INFLIGHT},
         {"num-layers", required_argument, NULL, OPT_NUM_LAYERS},
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
+        {"lanes", required_argument, NULL, OPT_LANES},
         {NULL, 0, NULL, 0},
     };
     const cli_args a = {.usage = bench_usage,

@@ -74,6 +74,9 @@ typedef struct llmdd__link {
     llmdd__peer peer;
     bool client;
     uint8_t token[LLMDD_TOKEN_LEN]; /* names the link in data connections */
+    /* Client side: the local_ip_infos address our connections to the peer
+     * leave from (port 0); family AF_UNSPEC: wherever routing says. */
+    llmdd__sockaddr bind_addr;
     int ctrl_fd;
     pthread_mutex_t wlock; /* serializes writes to ctrl_fd */
     const llmdd_transport_ops *ops;

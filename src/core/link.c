@@ -356,7 +356,8 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     bool to;
     int fd;
 
-    fd = llmdd__connect(dd->stop_fd, &link->peer.addr, deadline, &st);
+    fd = llmdd__connect(dd->stop_fd, &link->peer.addr, &link->bind_addr,
+                       deadline, &st);
     if (fd < 0)
         return -1;
     llmdd__sock_tune(fd, false);

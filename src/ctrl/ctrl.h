@@ -58,6 +58,9 @@ void *llmdd__handshake_main(void *arg);
  * The client side of the control handshake, up to a published link (or
  * the peer's own link, when its crossing link call wins).
  */
+llmdd_status llmdd__link_local_addr(const llmdd_cluster_info *ci,
+                                    const llmdd__sockaddr *remote,
+                                    llmdd__sockaddr *out);
 llmdd_status llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci,
                                    int64_t deadline);
 

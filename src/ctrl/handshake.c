@@ -296,6 +296,43 @@ link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)
     return LLM_TIMEOUT;
 }
 
+/*
+ * Where a link's connections leave from (local_ip_infos): the first entry
+ * of the remote address's family, port 0, since each connection needs its
+ * own port; AF_UNSPEC when there is none. LLM_PARAM_INVALID for an entry
+ * that is not an address, or entries of none of the remote's family.
+ */
+llmdd_status
+llmdd__link_local_addr(const llmdd_cluster_info *ci,
+                       const llmdd__sockaddr *remote, llmdd__sockaddr *out)
+{
+    llmdd__sockaddr found;
+
+    memset(&found, 0, sizeof(found));
+    if (ci->num_local_ip_infos > 0 && ci->local_ip_infos == NULL)
+        return LLM_PARAM_INVALID;
+    for (size_t i = 0; i < ci->num_local_ip_infos; i++) {
+        llmdd_ip_info info = ci->local_ip_infos[i];
+        llmdd__sockaddr a;
+        info.port = 1; /* checked here, replaced by 0 below */
+        if (llmdd__parse_ip_info(&info, &a) != LLM_SUCCESS)
+            return LLM_PARAM_INVALID;
+        if (a.addr.ss_family != remote->addr.ss_family ||
+            found.addr.ss_family != AF_UNSPEC)
+            continue;
+        if (a.addr.ss_family == AF_INET)
+            ((struct sockaddr_in *)&a.addr)->sin_port = 0;
+        else
+            ((struct sockaddr_in6 *)&a.addr)->sin6_port = 0;
+        found = a;
+    }
+    if (ci->num_local_ip_infos > 0 && found.addr.ss_family == AF_UNSPEC)
+        return LLM_PARAM_INVALID;
+    *out = found;
+    return LLM_SUCCESS;
+}
+
+/* The client side of the control handshake, up to a published link. */
 llmdd_status
 llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
 {
@@ -312,8 +349,10 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     bool to = false; /* a failed send leaves it unset by recv_msg */
     int fd;
 
+    llmdd__sockaddr from;
     llmdd__parse_ip_info(&ci->remote_ip_infos[0], &addr);
-    fd = llmdd__connect(dd->stop_fd, &addr, deadline, &st);
+    llmdd__link_local_addr(ci, &addr, &from); /* checked by check_clusters */
+    fd = llmdd__connect(dd->stop_fd, &addr, &from, deadline, &st);
     if (fd < 0)
         return st;
     /* Our end, so a server in this process can prove we are one (loop). */
@@ -377,6 +416,7 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     link = llmdd__link_new(dd, &peer, true, -1);
     if (link == NULL)
         goto err_fd;
+    link->bind_addr = from;
     pthread_mutex_lock(&dd->lock);
     link->ops = transport_pick(dd, link, rep.transport);
     pthread_mutex_unlock(&dd->lock);

@@ -147,11 +147,12 @@ check_clusters(const llmdd_cluster_info *clusters, size_t n, llmdd_status *rets,
     if (!need_addr)
         return LLM_SUCCESS;
     for (size_t i = 0; i < n; i++) {
-        llmdd__sockaddr a;
+        llmdd__sockaddr a, from;
         if (clusters[i].num_remote_ip_infos != 1 ||
             clusters[i].remote_ip_infos == NULL ||
             llmdd__parse_ip_info(&clusters[i].remote_ip_infos[0], &a) !=
-                LLM_SUCCESS)
+                LLM_SUCCESS ||
+            llmdd__link_local_addr(&clusters[i], &a, &from) != LLM_SUCCESS)
             return LLM_PARAM_INVALID;
     }
     return LLM_SUCCESS;

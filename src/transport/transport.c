@@ -4,7 +4,7 @@
 
 #include <llmdd/llmdd.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "transport/transport.h"
 
 extern const llmdd_transport_ops llmdd__loop_ops;

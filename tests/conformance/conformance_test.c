@@ -8,6 +8,9 @@
  * inproc: the peer instance lives in this process; proc: the peer is a
  * peer_helper process. The remote caches are read back with a full pull of
  * all blocks and compared with the model after every test.
+ * LLMDD_TEST_TCP_LANES=N runs it with llm.TcpLanes=N on both instances (the
+ * peer_helper's own requests are not striped, but ours are), so that every
+ * large shape also goes through striping.
  */
 #include <poll.h>
 #include <stdio.h>
@@ -134,7 +137,9 @@ setup(void **state)
     (void)state;
     if (llmdd_create(SELF, LLMDD_ROLE_MIX, &dd) != LLM_SUCCESS)
         return -1;
+    const char *lanes = getenv("LLMDD_TEST_TCP_LANES");
     llmdd_option o = {"llm.Transport", transport};
+    llmdd_option po[] = {o, {"llm.TcpLanes", lanes != NULL ? lanes : "1"}};
     if (proc_mode) {
         const char *args[] = {"--cluster", "1", "--transport", transport, NULL};
         if (th_proc_start(&proc, NULL, args) != 0)
@@ -143,14 +148,14 @@ setup(void **state)
         ids = proc.ids;
     } else {
         if (llmdd_create(PEER, LLMDD_ROLE_MIX, &peer) != LLM_SUCCESS ||
-            th_init_listen(peer, "127.0.0.1", &port, &o, 1) != LLM_SUCCESS ||
+            th_init_listen(peer, "127.0.0.1", &port, po, 2) != LLM_SUCCESS ||
             th_peer_setup(peer, &ids) != 0)
             return -1;
     }
     /* Correctness, not speed: a loaded 2-core host under a sanitizer can
      * take more than the default second for test_large_pull's 64 MiB. */
-    llmdd_option mine[] = {o, {"llm.SyncKvCacheWaitTime", "10000"}};
-    if (llmdd_initialize(dd, mine, 2) != LLM_SUCCESS)
+    llmdd_option mine[] = {o, {"llm.SyncKvCacheWaitTime", "10000"}, po[1]};
+    if (llmdd_initialize(dd, mine, 3) != LLM_SUCCESS)
         return -1;
     if (th_link(dd, PEER, "127.0.0.1", port, 5000) != LLM_SUCCESS)
         return -1;
@@ -938,6 +943,73 @@ test_large_pull(void **state)
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
 }
 
+/*
+ * 64 MiB each way in blocks of 8 MiB whose sources are out of order, so
+ * that lanes of a striped transfer start and end inside runs and tensors:
+ * every destination block holds its source block, byte for byte.
+ */
+static void
+test_large_blocks_both_ways(void **state)
+{
+    const uint64_t blk = 8ull << 20;
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)8 << 20}};
+    uint64_t sb[] = {3, 1, 0, 2}, db[] = {0, 1, 2, 3}, all[] = {0, 1, 2, 3};
+    llmdd_cache src, back;
+    int64_t rid;
+    char reply[64];
+
+    (void)state;
+    if (proc_mode) {
+        assert_int_equal(
+            th_proc_cmd(&proc, "alloc-big 32 2 0", reply, sizeof(reply)), 0);
+        rid = atoll(reply + 3);
+    } else {
+        llmdd_cache c;
+        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+        rid = c.cache_id;
+    }
+    local_new(&src, NULL, d, 7);
+    local_new(&back, NULL, d, 0);
+    llmdd_cache_index idx = {PEER, rid, 0};
+    /* Remote block db[k] gets source block sb[k]; the read-back keeps the
+     * remote order. */
+    assert_int_equal(llmdd_push_kv_blocks(dd, &src, &idx, sb, db, 4, NULL),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &back, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t t = 0; t < 2; t++) {
+        const uint8_t *s = (const uint8_t *)(uintptr_t)src.tensor_addrs[t];
+        const uint8_t *b = (const uint8_t *)(uintptr_t)back.tensor_addrs[t];
+        for (int k = 0; k < 4; k++)
+            if (memcmp(b + db[k] * blk, s + sb[k] * blk, blk) != 0)
+                fail_msg("tensor %u block %llu differs", t,
+                         (unsigned long long)db[k]);
+    }
+    /* And a pull that scatters: local block db[k] from remote sb[k]. */
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &back, sb, db, 4, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t t = 0; t < 2; t++) {
+        const uint8_t *s = (const uint8_t *)(uintptr_t)src.tensor_addrs[t];
+        const uint8_t *b = (const uint8_t *)(uintptr_t)back.tensor_addrs[t];
+        /* Remote block j holds source block sb[j] (j = db[j] here). */
+        for (int k = 0; k < 4; k++)
+            if (memcmp(b + db[k] * blk, s + sb[sb[k]] * blk, blk) != 0)
+                fail_msg("tensor %u block %llu differs after the pull", t,
+                         (unsigned long long)db[k]);
+    }
+    assert_int_equal(llmdd_deallocate_cache(dd, src.cache_id), LLM_SUCCESS);
+    assert_int_equal(llmdd_deallocate_cache(dd, back.cache_id), LLM_SUCCESS);
+    if (proc_mode) {
+        snprintf(reply, sizeof(reply), "dealloc %lld", (long long)rid);
+        assert_int_equal(th_proc_cmd(&proc, reply, NULL, 0), 0);
+    } else {
+        assert_int_equal(llmdd_deallocate_cache(peer, rid), LLM_SUCCESS);
+    }
+}
+
 int
 main(int argc, char **argv)
 {
@@ -974,6 +1046,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_async_cancel_and_free),
         cmocka_unit_test(test_async_dealloc_ends_request),
         cmocka_unit_test(test_large_pull),
+        cmocka_unit_test(test_large_blocks_both_ways),
     };
     return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);
 }

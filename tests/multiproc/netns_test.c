@@ -4,6 +4,12 @@
  * listens in A; this binary re-executes itself in B (hidden argument
  * --pull-check) to link, pull and verify over the veth.
  *
+ * test_per_flow_cap limits the veth the way clouds limit a flow: each TCP
+ * connection gets its own htb class of FLOW_MBIT, picked by a u32 hash on
+ * the port of B's end (B's ephemeral ports are narrowed to 64 so that the
+ * hash gives each connection a class of its own). A pull striped over 4
+ * lanes must then beat one lane by far (llm.TcpLanes).
+ *
  * Needs the rights to create namespaces (root or CAP_NET_ADMIN, as in CI);
  * without them it says why and exits 77 (skipped). The namespaces are named
  * after our pid and removed on every exit path, including SIGINT/SIGTERM;
@@ -16,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +32,14 @@
 #define NET "10.231.7."
 #define IP_A NET "1"
 #define IP_B NET "2"
+
+/* The per-flow cap: B's ephemeral ports, one htb class each. */
+#define FLOW_MBIT 200
+#define PORT_LO 40000 /* a multiple of 64: port & 63 is the class */
+#define PORTS 64
+#define CAP_MIB 32 /* pulled per round: 1.3 s at one capped flow */
+#define CAP_ROUNDS 3
+#define CAP_MIN_RATIO 2.5 /* 4 lanes against 1; ideally 4 */
 
 static char ns_a[32], ns_b[32], veth_a[16], veth_b[16];
 static char self_exe[4096];
@@ -210,6 +225,115 @@ pull_check_main(char **argv)
     return 0;
 }
 
+/*
+ * Egress of `dev` in `ns`: one htb class of FLOW_MBIT for each value of the
+ * low 6 bits of the TCP port at byte `at` of the IP header's successor (20:
+ * source port, 22: destination port; there are no IP options), chosen by a
+ * u32 hash table of 64 buckets. Returns tc's exit status.
+ */
+static int
+shape(const char *ns, const char *dev, bool src_port)
+{
+    char path[] = "/tmp/llmdd_tcXXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
+
+    if (f == NULL)
+        return -1;
+    fprintf(f, "qdisc add dev %s root handle 1: htb default 1\n", dev);
+    fprintf(f, "class add dev %s parent 1: classid 1:1 htb rate 10gbit "
+               "quantum 60000\n",
+            dev);
+    fprintf(f, "filter add dev %s parent 1: prio 1 handle 2: protocol ip "
+               "u32 divisor %d\n", dev, PORTS);
+    fprintf(f, "filter add dev %s parent 1: prio 1 protocol ip u32 ht 800:: "
+               "match ip protocol 6 0xff hashkey mask %s at 20 link 2:\n",
+            dev, src_port ? "0x003f0000" : "0x0000003f");
+    for (int i = 0; i < PORTS; i++) {
+        fprintf(f, "class add dev %s parent 1: classid 1:%x htb rate %dmbit "
+                   "quantum 60000\n", dev, 0x100 + i, FLOW_MBIT);
+        fprintf(f, "filter add dev %s parent 1: prio 1 protocol ip u32 "
+                   "ht 2:%x: match u32 0 0 flowid 1:%x\n", dev, i, 0x100 + i);
+    }
+    fclose(f);
+    const char *argv[] = {"tc", "-n", ns, "-batch", path, NULL};
+    int rc = run(argv, false);
+    unlink(path);
+    return rc;
+}
+
+/*
+ * The decoder side of the per-flow cap, run inside namespace B:
+ *   --lanes-check IP PORT ID
+ * Pulls the peer's cache ID (one uint8 tensor of 4 slots, CAP_MIB MiB in
+ * all, filled with seed 11) with llm.TcpLanes 1, 4 and auto, checks the
+ * bytes, prints the median rate of CAP_ROUNDS pulls of each, and fails
+ * unless 4 lanes and auto reach CAP_MIN_RATIO times one lane.
+ */
+static double
+lanes_rate(const char *ip, uint16_t port, int64_t id, const char *lanes)
+{
+    llmdd_option o[] = {{"llm.Transport", "tcp"},
+                        {"llm.TcpLanes", lanes},
+                        {"llm.SyncKvCacheWaitTime", "30000"}};
+    llmdd_cache_desc d = {.num_tensors = 1,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)CAP_MIB << 18}};
+    const uint64_t all[] = {0, 1, 2, 3};
+    llmdd_cache_index idx = {1, id, 0};
+    double mbs[CAP_ROUNDS];
+    llmdd_cache c;
+    llmdd *dd;
+
+    if (llmdd_create(MP_SELF, LLMDD_ROLE_DECODER, &dd) != LLM_SUCCESS ||
+        llmdd_initialize(dd, o, 3) != LLM_SUCCESS ||
+        th_link(dd, 1, ip, port, 5000) != LLM_SUCCESS ||
+        llmdd_allocate_cache(dd, &d, &c) != LLM_SUCCESS)
+        return -1;
+    /* The first pull also checks the bytes and fetches the description. */
+    if (llmdd_pull_kv_blocks(dd, &idx, &c, all, all, 4, NULL) != LLM_SUCCESS ||
+        th_check_buf((const uint8_t *)(uintptr_t)c.tensor_addrs[0],
+                     (uint64_t)CAP_MIB << 20, 11, 0) >= 0)
+        return -1;
+    for (int r = 0; r < CAP_ROUNDS; r++) {
+        int64_t t0 = mp_now_ms();
+        if (llmdd_pull_kv_blocks(dd, &idx, &c, all, all, 4, NULL) !=
+            LLM_SUCCESS)
+            return -1;
+        int64_t ms = mp_now_ms() - t0;
+        mbs[r] = (double)CAP_MIB * 1048576.0 / 1e6 / ((ms > 0 ? ms : 1) / 1e3);
+    }
+    llmdd_destroy(dd);
+    /* The median of three. */
+    double a = mbs[0], b = mbs[1], m = mbs[2];
+    double med = a > b ? (b > m ? b : (a > m ? m : a))
+                       : (a > m ? a : (b > m ? m : b));
+    printf("netns_test: %s lane(s) at a %d Mbit/s per-flow cap: %.1f MB/s "
+           "(%.1f %.1f %.1f)\n", lanes, FLOW_MBIT, med, mbs[0], mbs[1],
+           mbs[2]);
+    return med;
+}
+
+static int
+lanes_check_main(char **argv)
+{
+    uint16_t port = (uint16_t)atoi(argv[3]);
+    int64_t id = atoll(argv[4]);
+    double one = lanes_rate(argv[2], port, id, "1");
+    double four = lanes_rate(argv[2], port, id, "4");
+    double autom = lanes_rate(argv[2], port, id, "auto");
+
+    if (one <= 0 || four <= 0 || autom <= 0) {
+        fprintf(stderr, "lanes-check: a pull failed\n");
+        return 1;
+    }
+    printf("netns_test: 4 lanes / 1 lane = %.2f, auto / 1 lane = %.2f "
+           "(at least %.1f wanted)\n", four / one, autom / one,
+           CAP_MIN_RATIO);
+    return four >= CAP_MIN_RATIO * one && autom >= CAP_MIN_RATIO * one ? 0 : 1;
+}
+
 /* Runs --pull-check inside namespace B; returns its exit status. */
 static int
 pull_from_b(const th_proc *p, const char *ip, const char *transport)
@@ -254,11 +378,45 @@ test_two_hosts(void **state)
     assert_int_equal(th_proc_stop(p), 0);
 }
 
+static void
+test_per_flow_cap(void **state)
+{
+    const char *wrapper[] = {"ip", "netns", "exec", ns_a, NULL};
+    const char *args[] = {"--cluster", "1",     "--role", "prompt",
+                          "--ip",      IP_A,    "--transport", "tcp", NULL};
+    char range[64], cmd[64], reply[64], port[8], id[24];
+    th_proc *p = &peer_a;
+
+    (void)state;
+    snprintf(range, sizeof(range), "net.ipv4.ip_local_port_range=%d %d",
+             PORT_LO, PORT_LO + PORTS - 1);
+    const char *sysctl[] = {"ip", "netns", "exec", ns_b, "sysctl", "-qw",
+                            range, NULL};
+    assert_int_equal(run(sysctl, false), 0);
+    /* Pulls flow A -> B: A's egress by destination port; pushes and B's
+     * acknowledgements: B's egress by source port. */
+    assert_int_equal(shape(ns_a, veth_a, false), 0);
+    assert_int_equal(shape(ns_b, veth_b, true), 0);
+    if (th_proc_start(p, wrapper, args) != 0)
+        fail_msg("peer_helper did not start in %s", ns_a);
+    snprintf(cmd, sizeof(cmd), "alloc-big %d 1 11", CAP_MIB);
+    assert_int_equal(th_proc_cmd(p, cmd, reply, sizeof(reply)), 0);
+    snprintf(port, sizeof(port), "%u", p->port);
+    snprintf(id, sizeof(id), "%lld", atoll(reply + 3));
+    const char *check[] = {"ip",   "netns", "exec", ns_b, self_exe,
+                           "--lanes-check", IP_A, port, id, NULL};
+    assert_int_equal(run(check, false), 0);
+    assert_int_equal(th_proc_cmd(p, "ping", NULL, 0), 0);
+    assert_int_equal(th_proc_stop(p), 0);
+}
+
 int
 main(int argc, char **argv)
 {
     if (argc == 7 && strcmp(argv[1], "--pull-check") == 0)
         return pull_check_main(argv);
+    if (argc == 5 && strcmp(argv[1], "--lanes-check") == 0)
+        return lanes_check_main(argv);
 
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
     if (n <= 0) {
@@ -277,6 +435,7 @@ main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_two_hosts, teardown),
+        cmocka_unit_test_teardown(test_per_flow_cap, teardown),
     };
     rc = cmocka_run_group_tests_name("multiproc.netns", tests, NULL, NULL);
     cleanup();

@@ -22,7 +22,9 @@
 
 #define LLMDD__STREAM_FLAG_REV 1u
 #define LLMDD__STREAM_FLAG_MASK 0xffu
-#define LLMDD__STREAM_CONNS_MAX 4
+/* Requester connections a side may hold: llm.TcpLanes' 16 lanes plus one
+ * for a small request beside a striped one. */
+#define LLMDD__STREAM_CONNS_MAX 17
 
 typedef struct llmdd__stream llmdd__stream;
 
@@ -32,6 +34,13 @@ typedef struct llmdd__stream llmdd__stream;
  * nothing. NULL when out of memory.
  */
 llmdd__stream *llmdd__stream_new(llmdd__link *link, int nfwd, int nrev);
+
+/*
+ * Lets one large transfer of ours stripe over up to `lanes` requester
+ * connections at once (1..LLMDD__STREAM_CONNS_MAX; 1, the default, never
+ * stripes). Call before the data plane is used.
+ */
+void llmdd__stream_set_lanes(llmdd__stream *s, int lanes);
 
 /*
  * Client side: opens the FWD and REV connections by link->deadline_ms and

@@ -1,21 +1,63 @@
 /*
  * The tcp transport: the socket data plane (transport/stream) and nothing
- * else. It reaches every peer. Each link gets TCP_FWD_CONNS connections for
- * the client's requests and TCP_REV_CONNS for the server's.
+ * else. It reaches every peer. The client opens one requester connection
+ * per lane plus one each way (at least TCP_CONNS), so that a small request
+ * still finds a connection beside a striped transfer; the server accepts as
+ * many REV connections as the client opens, up to the data plane's limit,
+ * so the side that links decides how many there are.
  */
+#include <netinet/in.h>
+
 #include "core/internal.h"
 #include "transport/stream/stream.h"
 
-#define TCP_FWD_CONNS 2
-#define TCP_REV_CONNS 2
+#define TCP_CONNS 2
+/*
+ * llm.TcpLanes=auto: one lane to a loopback address, where no per-flow cap
+ * exists and a second flow only competes for the same cores; four to any
+ * other, which is what reached 99.5% of a 23 GB/s NIC (one flow: 46%) and
+ * several times a cloud's per-flow cap (BENCHMARKS.md), at three more
+ * connections a link.
+ */
+#define TCP_LANES_AUTO 4
+
+static bool
+tcp_loopback(const llmdd__sockaddr *a)
+{
+    if (a->addr.ss_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a->addr;
+        return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (a->addr.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
+        return IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
+    }
+    return false;
+}
+
+/* The lanes our transfers to this peer stripe over (llm.TcpLanes). */
+static int
+tcp_lanes(const llmdd__link *link)
+{
+    pthread_mutex_lock(&link->dd->lock);
+    int lanes = link->dd->opts.tcp_lanes;
+    pthread_mutex_unlock(&link->dd->lock);
+    if (lanes > 0)
+        return lanes;
+    return tcp_loopback(&link->peer.addr) ? 1 : TCP_LANES_AUTO;
+}
 
 static llmdd_status
 tcp_link_init(llmdd__link *link, bool client)
 {
-    llmdd__stream *s = llmdd__stream_new(link, TCP_FWD_CONNS, TCP_REV_CONNS);
+    int lanes = tcp_lanes(link);
+    int conns = lanes + 1 > TCP_CONNS ? lanes + 1 : TCP_CONNS;
+    llmdd__stream *s = llmdd__stream_new(
+        link, conns, client ? conns : LLMDD__STREAM_CONNS_MAX);
 
     if (s == NULL)
         return LLM_OUT_OF_MEMORY;
+    llmdd__stream_set_lanes(s, lanes);
     link->tp = s;
     return client ? llmdd__stream_connect(s) : LLM_SUCCESS;
 }
