@@ -7,6 +7,7 @@
  * (linking.c).
  */
 #include <errno.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/codec.h"
 #include "ctrl/ctrl.h"
 
 /* ---- Authentication: HMAC-SHA256 over both nonces and both ids. ---- */
@@ -24,22 +26,19 @@ auth_mac(const char *token, const char *label, const uint8_t *cnonce,
          const uint8_t *snonce, uint64_t client_id, uint64_t server_id,
          uint8_t *mac)
 {
-    uint8_t msg[16 + 2 * LLMDD_WIRE_NONCE_LEN + 16];
+    uint8_t msg[16 + 2 * LLMDD_WIRE_NONCE_LEN + 16], name[16];
+    llmdd__wbuf w = LLMDD__WBUF(msg, sizeof(msg));
     unsigned int len = LLMDD_WIRE_MAC_LEN;
-    size_t n = 0;
+    size_t n;
 
-    memset(msg, 0, sizeof(msg));
-    memcpy(msg, label, strnlen(label, 16));
-    n = 16;
-    memcpy(msg + n, cnonce, LLMDD_WIRE_NONCE_LEN);
-    n += LLMDD_WIRE_NONCE_LEN;
-    memcpy(msg + n, snonce, LLMDD_WIRE_NONCE_LEN);
-    n += LLMDD_WIRE_NONCE_LEN;
-    for (int i = 0; i < 8; i++) {
-        msg[n + (size_t)i] = (uint8_t)(client_id >> (8 * i));
-        msg[n + 8 + (size_t)i] = (uint8_t)(server_id >> (8 * i));
-    }
-    n += 16;
+    memset(name, 0, sizeof(name));
+    memcpy(name, label, strnlen(label, sizeof(name)));
+    llmdd__put_bytes(&w, name, sizeof(name));
+    llmdd__put_bytes(&w, cnonce, LLMDD_WIRE_NONCE_LEN);
+    llmdd__put_bytes(&w, snonce, LLMDD_WIRE_NONCE_LEN);
+    llmdd__put_u64(&w, client_id);
+    llmdd__put_u64(&w, server_id);
+    n = llmdd__wdone(&w); /* sizeof(msg): it fits by construction */
     HMAC(EVP_sha256(), token, (int)strlen(token), msg, n, mac, &len);
 }
 
@@ -143,7 +142,8 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         rep.status = LLM_LINK_FAILED;
     } else if (h->auth != rep.auth) {
         log_error("handshake: cluster %llu %s an auth token and we %s",
-                  (unsigned long long)h->cluster_id, h->auth ? "has" : "has no",
+                  (unsigned long long)h->cluster_id,
+                  h->auth ? "has" : "does not have",
                   rep.auth ? "do" : "do not");
         rep.status = LLM_LINK_FAILED;
     } else if (full) {

@@ -129,7 +129,7 @@ pull_main(void *arg)
     puller *pl = arg;
 
     pl->st = pull_all(pl->dd, pl->rid, pl->c);
-    pl->done_ms = mp_now_ms();
+    pl->done_ms = th_now_ms();
     return NULL;
 }
 
@@ -168,7 +168,7 @@ test_lane_cut_mid_pull(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, pull_main, &pl), 0);
     int lanes = 0, cut = -1;
-    for (int64_t end = mp_now_ms() + 5000; mp_now_ms() < end;) {
+    for (int64_t end = th_now_ms() + 5000; th_now_ms() < end;) {
         int m = socks_to(p->port, after, MAX_SOCKS);
         lanes = 0;
         for (int i = 0; i < m; i++) {
@@ -182,13 +182,13 @@ test_lane_cut_mid_pull(void **state)
         }
         if (lanes >= 4)
             break;
-        mp_sleep_ms(1);
+        th_sleep_ms(1);
     }
     printf("lanes_test: the pull sent requests on %d connections\n", lanes);
     assert_int_equal(lanes, 4);
 
     /* One lane goes; the peer resumes. */
-    int64_t t0 = mp_now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(shutdown(cut, SHUT_RDWR), 0);
     th_proc_kill(p, SIGCONT);
     pthread_join(th, NULL);
@@ -200,7 +200,7 @@ test_lane_cut_mid_pull(void **state)
 
     /* Nothing lands after the failure, even while we link again. */
     uint64_t h = hash(buf, size);
-    assert_int_equal(mp_link_retry(dd, 1, p->port, 5000), LLM_SUCCESS);
+    assert_int_equal(th_link_retry(dd, 1, MP_IP, p->port, 5000), LLM_SUCCESS);
     assert_int_equal(hash(buf, size), h);
     assert_int_equal(pull_all(dd, rid, &c), LLM_SUCCESS);
     assert_int_equal(th_check_buf(buf, size, 9, 0), -1);
@@ -228,7 +228,7 @@ test_local_ip(void **state)
     (void)state;
     th_proc *p = mp_peer_start(1, args);
     llmdd *dd = mp_decoder(MP_SELF, opts, 2);
-    llmdd_cluster_info ci = mp_cluster(1, &remote, MP_IP, p->port);
+    llmdd_cluster_info ci = th_cluster(1, &remote, MP_IP, p->port);
     ci.local_ip_infos = &local;
     ci.num_local_ip_infos = 1;
     assert_int_equal(llmdd_link_clusters(dd, &ci, 1, &ret, 2000), LLM_SUCCESS);

@@ -297,11 +297,11 @@ lanes_rate(const char *ip, uint16_t port, int64_t id, const char *lanes)
                      (uint64_t)CAP_MIB << 20, 11, 0) >= 0)
         return -1;
     for (int r = 0; r < CAP_ROUNDS; r++) {
-        int64_t t0 = mp_now_ms();
+        int64_t t0 = th_now_ms();
         if (llmdd_pull_kv_blocks(dd, &idx, &c, all, all, 4, NULL) !=
             LLM_SUCCESS)
             return -1;
-        int64_t ms = mp_now_ms() - t0;
+        int64_t ms = th_now_ms() - t0;
         mbs[r] = (double)CAP_MIB * 1048576.0 / 1e6 / ((ms > 0 ? ms : 1) / 1e3);
     }
     llmdd_destroy(dd);
