@@ -25,21 +25,7 @@
  * cuts the others and the transfer fails; it returns only after every lane
  * has stopped.
  */
-#include <errno.h>
-#include <limits.h>
-#include <poll.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include "core/internal.h"
-#include "base/net.h"
-#include "base/wire.h"
-#include "transport/serve.h"
-#include "transport/stream/stream.h"
+#include "transport/stream/stream_int.h"
 
 #define STREAM_SERVE_MAX (2 * LLMDD__STREAM_CONNS_MAX)
 #define STREAM_IOV_MAX 512
@@ -53,48 +39,8 @@
  * transfers cut.
  */
 #define STREAM_FLOOR_BPS (1u << 20)
-/*
- * Transfers from this size on are striped, and each lane gets at least
- * STREAM_LANE_MIN bytes. Starting and joining a lane's thread costs tens of
- * microseconds; 1 MiB takes about 800 us at the 10 Gbit/s a cloud allows one
- * flow, so a lane is worth its thread well before that, while a small
- * transfer keeps its one round trip on one connection.
- */
-#define STREAM_STRIPE_MIN (4u << 20)
-#define STREAM_LANE_MIN (1u << 20)
-#define STREAM_LANE_ALIGN 4096u /* lane borders, for the copies' sake */
-
-struct llmdd__stream {
-    llmdd__link *link;
-    int nfwd, nrev; /* requester connections allowed: client, server */
-    int lanes;      /* connections one transfer of ours may stripe over */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int idle[LLMDD__STREAM_CONNS_MAX]; /* idle requester connections */
-    int nidle;
-    int nconns; /* requester connections open, idle or busy */
-    int busy[LLMDD__STREAM_CONNS_MAX];
-    int nbusy;
-    /* Connections being served; a conn's cache_id is whose memory the
-     * request in progress moves (serve_mark). */
-    llmdd__serve_set serve;
-    bool down;
-};
 
 /* ---- Scatter/gather over (tensor, run) segments. ---- */
-
-typedef struct {
-    uint8_t *const *bases; /* per tensor */
-    uint32_t count;
-    const uint64_t *offs; /* run i at offs[i * step] */
-    const uint64_t *lens;
-    size_t step;
-    size_t nruns;
-    /* position */
-    uint32_t t;
-    size_t r;
-    uint64_t done; /* bytes done in the current segment */
-} seg_iter;
 
 static size_t
 seg_fill(const seg_iter *it, struct iovec *iov, size_t max)
@@ -142,9 +88,10 @@ seg_advance(seg_iter *it, size_t bytes)
  * consumed in place: header and data then leave in one sendmsg, so that a
  * small transfer is one segment and wakes its receiver once, not twice.
  */
-static int
-seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
-       int stall_ms, struct iovec *pre, size_t npre)
+int
+llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
+                     int64_t deadline, int stall_ms, struct iovec *pre,
+                     size_t npre)
 {
     struct iovec iov[STREAM_IOV_MAX];
     int64_t stall = stall_ms > 0 ? llmdd__now_ms() + stall_ms : deadline;
@@ -195,8 +142,9 @@ seg_io(llmdd *dd, int fd, seg_iter *it, bool send, int64_t deadline,
  * before the reply is complete that the reply did not announce; a peer
  * that lies about it is a protocol error caught by the caller.
  */
-static int
-recv_reply(llmdd *dd, int fd, struct iovec *rv, seg_iter *it, int64_t deadline)
+int
+llmdd__stream_recv_reply(llmdd *dd, int fd, struct iovec *rv, seg_iter *it,
+                         int64_t deadline)
 {
     struct iovec iov[STREAM_IOV_MAX];
 
@@ -351,11 +299,13 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
         llmdd__wire_frame_encode(hdr, WMSG_READ_REPLY, (uint32_t)n);
         struct iovec pre[2] = {{hdr, sizeof(hdr)}, {out, n}};
         /* The reply and its data in one go; a refusal has no data. */
-        rc = seg_io(dd, fd, &it, true, st == LLM_SUCCESS ? data : stall,
-                    STREAM_STALL_MS, pre, 2);
+        rc = llmdd__stream_seg_io(dd, fd, &it, true,
+                                  st == LLM_SUCCESS ? data : stall,
+                                  STREAM_STALL_MS, pre, 2);
     } else {
         if (st == LLM_SUCCESS)
-            rc = seg_io(dd, fd, &it, false, data, STREAM_STALL_MS, NULL, 0);
+            rc = llmdd__stream_seg_io(dd, fd, &it, false, data,
+                                      STREAM_STALL_MS, NULL, 0);
         else
             rc = drain(dd, fd, req.total);
         if (rc == 0) {
@@ -412,525 +362,6 @@ out:
     free(offs);
     free(buf);
     close(fd);
-}
-
-/* ---- Requesting side: the connection pool. ---- */
-
-static void
-pool_put_idle(llmdd__stream *s, int fd)
-{
-    pthread_mutex_lock(&s->lock);
-    if (s->down || s->nidle == LLMDD__STREAM_CONNS_MAX) {
-        s->nconns--;
-        close(fd);
-    } else {
-        s->idle[s->nidle++] = fd;
-    }
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->lock);
-}
-
-/*
- * Takes an idle requester connection, opening one (client side) when the
- * pool is short. Returns the fd or -1 with *st set.
- */
-static int
-pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
-{
-    llmdd__link *link = s->link;
-    int fd = -1;
-
-    pthread_mutex_lock(&s->lock);
-    for (;;) {
-        if (s->down) {
-            *st = LLM_NOT_YET_LINK;
-            break;
-        }
-        if (s->nidle > 0) {
-            fd = s->idle[--s->nidle];
-            break;
-        }
-        if (link->client && s->nconns < s->nfwd) {
-            s->nconns++;
-            pthread_mutex_unlock(&s->lock);
-            fd = llmdd__data_connect(link, 0, deadline);
-            pthread_mutex_lock(&s->lock);
-            if (fd < 0) {
-                s->nconns--;
-                *st = llmdd__now_ms() >= deadline ? LLM_TIMEOUT
-                                                  : LLM_NOT_YET_LINK;
-            }
-            break;
-        }
-        if (llmdd__now_ms() >= deadline) {
-            *st = LLM_TIMEOUT;
-            break;
-        }
-        llmdd__cond_wait_until(&s->cond, &s->lock, deadline);
-    }
-    if (fd >= 0)
-        s->busy[s->nbusy++] = fd;
-    pthread_mutex_unlock(&s->lock);
-    return fd;
-}
-
-/* Returns a connection; a failed one is closed, its stream state unknown. */
-static void
-pool_give(llmdd__stream *s, int fd, bool ok)
-{
-
-    pthread_mutex_lock(&s->lock);
-    for (int i = 0; i < s->nbusy; i++) {
-        if (s->busy[i] == fd) {
-            s->busy[i] = s->busy[--s->nbusy];
-            break;
-        }
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (ok) {
-        pool_put_idle(s, fd);
-        return;
-    }
-    pthread_mutex_lock(&s->lock);
-    s->nconns--;
-    bool down = s->down;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->lock);
-    close(fd);
-    /* Only the client opens connections: the server asks for a new one,
-     * unless the link is going down (io_status drops it before this). */
-    if (!s->link->client && !down)
-        llmdd__link_ask_reopen(s->link);
-}
-
-/* The status for an I/O failure: the deadline, or a lost peer. */
-static llmdd_status
-io_status(llmdd__link *link, int64_t deadline)
-{
-    /* A cancelled request: the connection goes (its stream position is
-     * unknown), the link stays. */
-    if (llmdd__cancelled())
-        return LLM_FAILED;
-    if (llmdd__now_ms() >= deadline)
-        return LLM_TIMEOUT;
-    llmdd__link_drop(link, "data connection lost");
-    return LLM_NOT_YET_LINK;
-}
-
-llmdd_status
-llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
-                    llmdd_cache_desc *desc)
-{
-    llmdd__link *link = s->link;
-    llmdd *dd = link->dd;
-    uint8_t buf[16 + 8 * LLMDD_MAX_DIMS + 16];
-    llmdd_status st;
-    uint32_t status;
-    uint16_t type;
-    size_t len;
-    bool to;
-    int fd = pool_take(s, deadline, &st);
-
-    if (fd < 0)
-        return st;
-    len = llmdd__wire_i64_encode(id, buf, sizeof(buf));
-    if (llmdd__send_msg(dd->stop_fd, fd, WMSG_QUERY, buf, len, deadline) != 0 ||
-        llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
-                        deadline, &to) != 0 ||
-        type != WMSG_QUERY_REPLY ||
-        llmdd__wire_desc_decode(buf, len, &status, desc) != 0) {
-        /* Drop first (if the peer is lost): then no REV is asked for. */
-        st = io_status(link, deadline);
-        pool_give(s, fd, false);
-        return st;
-    }
-    pool_give(s, fd, true);
-    return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
-}
-
-/*
- * The lanes of one striped transfer. The first lane to fail cuts the others'
- * connections (their stream positions become unknown with it) and its
- * status is the transfer's.
- */
-typedef struct {
-    atomic_bool aborted;
-    llmdd_status why; /* written once, by the lane that set aborted */
-    int fds[LLMDD__STREAM_CONNS_MAX];
-    int nfds;
-} stripe;
-
-/*
- * io_status for a lane: a lane cut because another failed first reports
- * that quietly; the transfer's status is the other lane's.
- */
-static llmdd_status
-lane_io_status(llmdd__link *link, int64_t deadline, const stripe *sp)
-{
-    if (sp != NULL && atomic_load(&sp->aborted))
-        return LLM_FAILED;
-    return io_status(link, deadline);
-}
-
-/* One request of at most LLMDD_WIRE_MAX_RUNS runs. */
-static llmdd_status
-xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
-           const llmdd__run *runs, size_t nruns, uint64_t *offs,
-           uint64_t *lens, uint8_t *buf, size_t cap, bool *conn_ok,
-           const stripe *sp)
-{
-    llmdd *dd = link->dd;
-    llmdd__rw_req req = {.cache_id = x->remote->id,
-                         .first = x->remote_first,
-                         .count = x->count,
-                         .nruns = (uint32_t)nruns,
-                         .offs = offs,
-                         .lens = lens};
-    seg_iter it = {.bases = x->local,
-                   .count = x->count,
-                   .offs = x->write ? &runs[0].src_off : &runs[0].dst_off,
-                   .lens = &runs[0].len,
-                   .step = sizeof(llmdd__run) / sizeof(uint64_t),
-                   .nruns = nruns};
-    uint64_t total = 0;
-    uint32_t status;
-    uint16_t type;
-    size_t len;
-    bool to;
-
-    *conn_ok = false;
-    for (size_t i = 0; i < nruns; i++) {
-        offs[i] = llmdd__run_remote(x, &runs[i]);
-        lens[i] = runs[i].len;
-        total += runs[i].len;
-    }
-    total *= x->count;
-    len = llmdd__wire_rw_encode(&req, buf, cap);
-    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
-    llmdd__wire_frame_encode(hdr, x->write ? WMSG_WRITE : WMSG_READ,
-                             (uint32_t)len);
-    struct iovec pre[2] = {{hdr, sizeof(hdr)}, {buf, len}};
-    seg_iter none = {.count = 0};
-    if (seg_io(dd, fd, &none, true, x->deadline_ms, 0, pre, 2) != 0)
-        return lane_io_status(link, x->deadline_ms, sp);
-    if (x->write) {
-        /*
-         * The data after the request, not with it: a push cancelled in
-         * between then moves nothing, where data sent along would still
-         * land in the peer's cache after we returned.
-         */
-        if (seg_io(dd, fd, &it, true, x->deadline_ms, 0, NULL, 0) != 0 ||
-            llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len, x->deadline_ms,
-                            &to) != 0 ||
-            type != WMSG_WRITE_REPLY ||
-            llmdd__wire_u32_decode(buf, len, &status) != 0)
-            return lane_io_status(link, x->deadline_ms, sp);
-        *conn_ok = true;
-        return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
-    }
-    /* The reply frame, and with it whatever data came along. */
-    uint8_t reply[LLMDD_WIRE_HDR_LEN + 16];
-    size_t rlen = LLMDD_WIRE_HDR_LEN +
-                  llmdd__wire_read_reply_encode(0, 0, reply, sizeof(reply));
-    struct iovec rv = {reply, rlen};
-    llmdd__frame f;
-    uint64_t got;
-    if (recv_reply(dd, fd, &rv, &it, x->deadline_ms) != 0 ||
-        llmdd__wire_frame_decode(reply, &f) != 0 ||
-        f.type != WMSG_READ_REPLY || f.len != rlen - LLMDD_WIRE_HDR_LEN ||
-        llmdd__wire_read_reply_decode(reply + LLMDD_WIRE_HDR_LEN, f.len,
-                                      &status, &got) != 0)
-        return lane_io_status(link, x->deadline_ms, sp);
-    if (status != LLM_SUCCESS) {
-        *conn_ok = true;
-        return LLM_KV_CACHE_NOT_EXIST;
-    }
-    if (got != total) {
-        log_error("cluster %llu answered %llu bytes for %llu",
-                  (unsigned long long)link->peer.cluster_id,
-                  (unsigned long long)got, (unsigned long long)total);
-        return LLM_FAILED;
-    }
-    if (seg_io(dd, fd, &it, false, x->deadline_ms, 0, NULL, 0) != 0)
-        return lane_io_status(link, x->deadline_ms, sp);
-    *conn_ok = true;
-    return LLM_SUCCESS;
-}
-
-/*
- * How many runs from `first` on go in one request: at most max, and at most
- * one remote tensor's worth of bytes (the serving side's bound). Only a plan
- * with repeated blocks needs more than one request for that; each run lies
- * inside the tensor, so every request gets at least one.
- */
-static size_t
-chunk_runs(const llmdd__xfer *x, size_t first, size_t max)
-{
-    uint64_t sum = 0;
-    size_t n = 0;
-
-    while (first + n < x->nruns && n < max &&
-           (n == 0 || x->runs[first + n].len <= x->remote->tensor_size - sum)) {
-        sum += x->runs[first + n].len;
-        n++;
-    }
-    return n;
-}
-
-/*
- * Moves a whole plan over fd, request after request. *ok: the connection's
- * stream is still in step (it may go back to the pool).
- */
-static llmdd_status
-xfer_plan(llmdd__link *link, int fd, const llmdd__xfer *x, bool *ok,
-          const stripe *sp)
-{
-    size_t chunk = x->nruns < LLMDD_WIRE_MAX_RUNS ? x->nruns
-                                                   : LLMDD_WIRE_MAX_RUNS;
-    size_t cap = 32 + chunk * 16;
-    uint64_t *offs = malloc(2 * chunk * sizeof(*offs));
-    uint8_t *buf = malloc(cap);
-    llmdd_status st = LLM_OUT_OF_MEMORY;
-
-    *ok = true;
-    if (offs == NULL || buf == NULL)
-        goto out;
-    st = LLM_SUCCESS;
-    for (size_t i = 0, n; i < x->nruns && st == LLM_SUCCESS && *ok; i += n) {
-        n = chunk_runs(x, i, chunk);
-        st = xfer_chunk(link, fd, x, x->runs + i, n, offs, offs + chunk, buf,
-                        cap, ok, sp);
-    }
-out:
-    free(buf);
-    free(offs);
-    return st;
-}
-
-/* ---- Striping. ---- */
-
-/*
- * Whether the plan's destination runs are in ascending order without
- * overlap in every tensor. Lanes run at once, so a plan that writes one
- * place twice (a repeated destination block) would no longer end with the
- * last write: such a plan is not striped.
- */
-static bool
-stripe_ordered(const llmdd__xfer *x)
-{
-    for (size_t i = 1; i < x->nruns; i++) {
-        const llmdd__run *p = &x->runs[i - 1], *r = &x->runs[i];
-        if (r->dst_off < p->dst_off + p->len)
-            return false;
-    }
-    return true;
-}
-
-/* How many lanes a transfer of `total` bytes gets: 1 means no striping. */
-static int
-stripe_width(const llmdd__stream *s, const llmdd__xfer *x, uint64_t total)
-{
-    if (s->lanes <= 1 || total < STREAM_STRIPE_MIN || !stripe_ordered(x))
-        return 1;
-    uint64_t n = total / STREAM_LANE_MIN;
-    return n < (uint64_t)s->lanes ? (int)n : s->lanes;
-}
-
-/*
- * Up to max more requester connections for a transfer that already holds
- * one, without waiting for busy ones (two striped transfers waiting on each
- * other's lanes would never finish); the client opens missing ones. Returns
- * how many it put in fds.
- */
-static int
-pool_take_more(llmdd__stream *s, int *fds, int max, int64_t deadline)
-{
-    llmdd__link *link = s->link;
-    int n = 0;
-
-    pthread_mutex_lock(&s->lock);
-    while (n < max && !s->down) {
-        int fd = -1;
-        if (s->nidle > 0) {
-            fd = s->idle[--s->nidle];
-        } else if (link->client && s->nconns < s->nfwd) {
-            s->nconns++;
-            pthread_mutex_unlock(&s->lock);
-            fd = llmdd__data_connect(link, 0, deadline);
-            pthread_mutex_lock(&s->lock);
-            if (fd < 0) {
-                s->nconns--;
-                break;
-            }
-        } else {
-            break;
-        }
-        s->busy[s->nbusy++] = fd;
-        fds[n++] = fd;
-    }
-    pthread_mutex_unlock(&s->lock);
-    return n;
-}
-
-typedef struct {
-    llmdd__stream *s;
-    const llmdd__xfer *x;
-    uint64_t per;        /* bytes per tensor in the plan */
-    uint64_t lo, hi;     /* this lane's bytes, in plan order */
-    llmdd__run *tmp;    /* x->nruns entries for a part of one tensor */
-    stripe *sp;
-    int fd;
-    const llmdd__cancel *cancel; /* the caller's, for the lane's thread */
-    llmdd_status st;
-    bool ok;
-    bool threaded;
-    pthread_t thread;
-} lane;
-
-/* The runs that cover bytes [a, b) of one tensor's part of x, into out. */
-static size_t
-runs_slice(const llmdd__xfer *x, uint64_t a, uint64_t b, llmdd__run *out)
-{
-    uint64_t pos = 0;
-    size_t n = 0;
-
-    for (size_t i = 0; i < x->nruns && pos < b; i++) {
-        const llmdd__run *r = &x->runs[i];
-        uint64_t lo = a > pos ? a : pos;
-        uint64_t hi = b < pos + r->len ? b : pos + r->len;
-        if (lo < hi) {
-            out[n].src_off = r->src_off + (lo - pos);
-            out[n].dst_off = r->dst_off + (lo - pos);
-            out[n].len = hi - lo;
-            n++;
-        }
-        pos += r->len;
-    }
-    return n;
-}
-
-/*
- * Moves the lane's bytes as at most three plans: the rest of a tensor begun
- * by the lane before, whole tensors, the start of one the next lane ends.
- */
-static void
-lane_run(lane *l)
-{
-    const llmdd__xfer *x = l->x;
-    uint64_t lo = l->lo;
-
-    l->st = LLM_SUCCESS;
-    l->ok = true;
-    while (lo < l->hi && l->st == LLM_SUCCESS && l->ok) {
-        uint64_t t = lo / l->per, a = lo % l->per, left = l->hi - lo;
-        llmdd__xfer part = *x;
-        part.remote_first = x->remote_first + (uint32_t)t;
-        part.local = x->local + t;
-        if (a == 0 && left >= l->per) {
-            part.count = (uint32_t)(left / l->per);
-            lo += part.count * l->per;
-        } else {
-            uint64_t b = left < l->per - a ? a + left : l->per;
-            part.count = 1;
-            part.runs = l->tmp;
-            part.nruns = runs_slice(x, a, b, l->tmp);
-            lo += b - a;
-        }
-        l->st = xfer_plan(l->s->link, l->fd, &part, &l->ok, l->sp);
-    }
-    if (!l->ok && !atomic_exchange(&l->sp->aborted, true)) {
-        l->sp->why = l->st;
-        for (int i = 0; i < l->sp->nfds; i++)
-            if (l->sp->fds[i] != l->fd)
-                shutdown(l->sp->fds[i], SHUT_RDWR);
-    }
-}
-
-static void *
-lane_main(void *p)
-{
-    lane *l = p;
-
-    /* A cancelled request wakes this lane's waits too. */
-    llmdd__tls_cancel = l->cancel;
-    lane_run(l);
-    return NULL;
-}
-
-/*
- * Moves x over fds[0..n): lane i gets the i-th of n equal byte ranges,
- * rounded to STREAM_LANE_ALIGN. Gives every connection back.
- */
-static llmdd_status
-stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
-           const int *fds, int n)
-{
-    lane lanes[LLMDD__STREAM_CONNS_MAX];
-    llmdd__run *tmp = malloc((size_t)n * x->nruns * sizeof(*tmp));
-    stripe sp = {.nfds = n};
-    llmdd_status st = LLM_SUCCESS;
-
-    if (tmp == NULL) {
-        for (int i = 0; i < n; i++)
-            pool_give(s, fds[i], true);
-        return LLM_OUT_OF_MEMORY;
-    }
-    atomic_init(&sp.aborted, false);
-    memcpy(sp.fds, fds, (size_t)n * sizeof(*fds));
-    for (int i = 0; i < n; i++) {
-        uint64_t lo = total / (uint64_t)n * (uint64_t)i;
-        uint64_t hi = total / (uint64_t)n * (uint64_t)(i + 1);
-        lanes[i] = (lane){.s = s,
-                          .x = x,
-                          .per = total / x->count,
-                          .lo = lo - lo % STREAM_LANE_ALIGN,
-                          .hi = i == n - 1 ? total
-                                           : hi - hi % STREAM_LANE_ALIGN,
-                          .tmp = tmp + (size_t)i * x->nruns,
-                          .sp = &sp,
-                          .fd = fds[i],
-                          .cancel = llmdd__tls_cancel};
-    }
-    /* A lane whose thread does not start is run here after the first. */
-    for (int i = 1; i < n; i++)
-        lanes[i].threaded =
-            pthread_create(&lanes[i].thread, NULL, lane_main, &lanes[i]) == 0;
-    lane_run(&lanes[0]);
-    for (int i = 1; i < n; i++) {
-        if (lanes[i].threaded)
-            pthread_join(lanes[i].thread, NULL);
-        else
-            lane_run(&lanes[i]);
-    }
-    bool aborted = atomic_load(&sp.aborted);
-    for (int i = 0; i < n; i++) {
-        if (st == LLM_SUCCESS)
-            st = lanes[i].st;
-        /* After a cut no lane's stream can be trusted. */
-        pool_give(s, fds[i], lanes[i].ok && !aborted);
-    }
-    free(tmp);
-    return aborted ? sp.why : st;
-}
-
-llmdd_status
-llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x)
-{
-    uint64_t total = llmdd__xfer_bytes(x);
-    int fds[LLMDD__STREAM_CONNS_MAX];
-    llmdd_status st;
-    bool ok;
-    int n = stripe_width(s, x, total);
-
-    if ((fds[0] = pool_take(s, x->deadline_ms, &st)) < 0)
-        return st;
-    if (n > 1)
-        n = 1 + pool_take_more(s, fds + 1, n - 1, x->deadline_ms);
-    if (n > 1)
-        return stripe_run(s, x, total, fds, n);
-    st = xfer_plan(s->link, fds[0], x, &ok, NULL);
-    pool_give(s, fds[0], ok);
-    return st;
 }
 
 /* ---- Setup and teardown. ---- */
@@ -1066,7 +497,7 @@ llmdd__stream_accept(llmdd__stream *s, int fd, uint32_t flags)
             s->nconns++;
         pthread_mutex_unlock(&s->lock);
         if (room)
-            pool_put_idle(s, fd);
+            llmdd__stream_pool_put_idle(s, fd);
         else
             close(fd);
         return;

@@ -1,0 +1,68 @@
+/*
+ * The socket data plane's private header: shared by its files (stream.c: the
+ * scatter/gather helpers, the serving side, setup and teardown;
+ * stream_xfer.c: the requesting side, its connection pool and striping),
+ * included by nothing else. stream.c's opening comment describes the design
+ * and the locking.
+ */
+#ifndef LLMDD_TRANSPORT_STREAM_STREAM_INT_H
+#define LLMDD_TRANSPORT_STREAM_STREAM_INT_H
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "base/net.h"
+#include "base/wire.h"
+#include "transport/serve.h"
+#include "transport/stream/stream.h"
+
+struct llmdd__stream {
+    llmdd__link *link;
+    int nfwd, nrev; /* requester connections allowed: client, server */
+    int lanes;      /* connections one transfer of ours may stripe over */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int idle[LLMDD__STREAM_CONNS_MAX]; /* idle requester connections */
+    int nidle;
+    int nconns; /* requester connections open, idle or busy */
+    int busy[LLMDD__STREAM_CONNS_MAX];
+    int nbusy;
+    /* Connections being served; a conn's cache_id is whose memory the
+     * request in progress moves (serve_mark). */
+    llmdd__serve_set serve;
+    bool down;
+};
+
+/* A position in (tensor, run) segments, for scatter/gather I/O (stream.c). */
+typedef struct {
+    uint8_t *const *bases; /* per tensor */
+    uint32_t count;
+    const uint64_t *offs; /* run i at offs[i * step] */
+    const uint64_t *lens;
+    size_t step;
+    size_t nruns;
+    /* position */
+    uint32_t t;
+    size_t r;
+    uint64_t done; /* bytes done in the current segment */
+} seg_iter;
+
+/* stream.c (their comments are there) */
+int llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
+                         int64_t deadline, int stall_ms, struct iovec *pre,
+                         size_t npre);
+int llmdd__stream_recv_reply(llmdd *dd, int fd, struct iovec *rv,
+                             seg_iter *it, int64_t deadline);
+
+/* stream_xfer.c: puts a requester connection back in the pool. */
+void llmdd__stream_pool_put_idle(llmdd__stream *s, int fd);
+
+#endif /* LLMDD_TRANSPORT_STREAM_STREAM_INT_H */
