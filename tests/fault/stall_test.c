@@ -86,6 +86,12 @@ test_stopped_prompt(void **state)
     assert_int_equal(th_proc_cmd(&p, "alloc-big 8 4 5", reply, sizeof(reply)),
                      0);
     int64_t big = atoll(reply + 3);
+    /* The push goes to a second cache: once the prompt runs again it serves
+     * the stale pull and push at once, and on one cache those two would be
+     * this test's own read/write race on the same bytes. */
+    assert_int_equal(th_proc_cmd(&p, "alloc-big 8 4 6", reply, sizeof(reply)),
+                     0);
+    llmdd_cache_index push_idx = {PEER, atoll(reply + 3), 0};
     llmdd_cache_index idx = {PEER, big, 0};
     assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
     assert_int_equal(llmdd_initialize(dd, opts, 2), LLM_SUCCESS);
@@ -95,6 +101,9 @@ test_stopped_prompt(void **state)
     assert_int_equal(
         llmdd_pull_kv_blocks(dd, &idx, &local, blocks, blocks, 4, NULL),
         LLM_SUCCESS);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &local, &push_idx, blocks,
+                                          blocks, 4, NULL),
+                     LLM_SUCCESS);
 
     stop_prompt();
     int64_t t0 = th_now_ms();
@@ -104,7 +113,7 @@ test_stopped_prompt(void **state)
     expect_within(t0, WAIT_MS, "pull from a stopped prompt");
     t0 = th_now_ms();
     assert_int_equal(
-        llmdd_push_kv_blocks(dd, &local, &idx, blocks, blocks, 4, NULL),
+        llmdd_push_kv_blocks(dd, &local, &push_idx, blocks, blocks, 4, NULL),
         LLM_TIMEOUT);
     expect_within(t0, WAIT_MS, "32 MiB push into a stopped prompt");
     /* A new cache id needs a QUERY, which the stopped prompt never answers. */
