@@ -5,6 +5,8 @@
  * and then answers one command per stdin line until "quit" or EOF:
  *   alloc SEED                     a kv-shaped cache filled with SEED
  *   alloc-big MIB TENSORS SEED     TENSORS uint8 tensors of MIB MiB, 4 slots
+ *   reg-big MIB TENSORS SEED       the same shape in malloc'd memory,
+ *                                  registered (a peer on this host: CMA)
  *   alloc-blocks BLOCKS STRIDE SEED  2 uint8 tensors of BLOCKS x STRIDE
  *   dealloc ID | ping | check ID SEED (verify a cache still holds SEED)
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
@@ -59,6 +61,31 @@ alloc(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
         if (ncaches < MAX_CACHES)
             caches[ncaches++] = c;
     }
+    reply_status(st, c.cache_id);
+}
+
+/* Caller memory registered as a cache; it stays until the process exits. */
+static void
+reg(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
+{
+    uint64_t size = th_tensor_size(d);
+    uint64_t *addrs = calloc(d->num_tensors, sizeof(*addrs));
+    llmdd_status st = addrs == NULL ? LLM_OUT_OF_MEMORY : LLM_SUCCESS;
+    llmdd_cache c = {.cache_id = -1, .desc = *d, .tensor_addrs = addrs};
+
+    for (uint32_t t = 0; st == LLM_SUCCESS && t < d->num_tensors; t++) {
+        void *p = malloc(size);
+        if (p == NULL)
+            st = LLM_OUT_OF_MEMORY;
+        addrs[t] = (uint64_t)(uintptr_t)p;
+    }
+    if (st == LLM_SUCCESS) {
+        th_fill(&c, seed);
+        st = llmdd_register_kv_cache(dd, d, addrs, d->num_tensors,
+                                     &c.cache_id);
+    }
+    if (st == LLM_SUCCESS && ncaches < MAX_CACHES)
+        caches[ncaches++] = c;
     reply_status(st, c.cache_id);
 }
 
@@ -233,6 +260,12 @@ main(int argc, char **argv)
                                   .num_dims = 2,
                                   .shape = {4, (int64_t)a << 18}};
             alloc(dd, &d, c);
+        } else if (sscanf(line, "reg-big %u %u %u", &a, &b, &c) == 3) {
+            llmdd_cache_desc d = {.num_tensors = b,
+                                  .data_type = LLMDD_DT_UINT8,
+                                  .num_dims = 2,
+                                  .shape = {4, (int64_t)a << 18}};
+            reg(dd, &d, c);
         } else if (sscanf(line, "alloc-blocks %u %u %u", &a, &b, &c) == 3) {
             llmdd_cache_desc d = {.num_tensors = 2,
                                   .data_type = LLMDD_DT_UINT8,

@@ -180,6 +180,54 @@ test_registered_uses_cma(void **state)
     th_proc_stop(&p);
 }
 
+/*
+ * A large registered transfer moves over two threads (SHM_CMA_SPLIT_BYTES):
+ * every byte of a 32 MiB pull and push lands where it belongs, the seam
+ * between the halves included.
+ */
+static void
+test_registered_large_split(void **state)
+{
+    char cmd[64], reply[64];
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    th_proc p;
+
+    (void)state;
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                     LLM_SUCCESS);
+    /* 3 tensors of 12 MiB: the halves meet inside a run, not at a tensor. */
+    assert_int_equal(th_proc_cmd(&p, "reg-big 12 3 41", reply, sizeof(reply)),
+                     0);
+    int64_t id = atoll(reply + 3);
+    llmdd_cache_desc d = {.num_tensors = 3,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, 12 << 18}};
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+    uint64_t size = th_tensor_size(&d), all[] = {0, 1, 2, 3};
+    llmdd_cache_index idx = {PEER, id, 0};
+    llmdd__shm_stats_get(&a);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &c, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t t = 0; t < 3; t++)
+        assert_int_equal(th_check_buf((uint8_t *)(uintptr_t)c.tensor_addrs[t],
+                                      size, 41, t),
+                         -1);
+    th_fill(&c, 42);
+    assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    snprintf(cmd, sizeof(cmd), "check %lld 42", (long long)id);
+    assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.cma_split - a.cma_split, 2);
+    assert_int_equal(b.cma_xfers - a.cma_xfers, 2);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
 /* Pool pages of a deallocated cache are reused: the peer cannot reach them
  * through the old cache id, neither to read nor to write. */
 static void
@@ -611,6 +659,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_auto_picks_shm_and_memfd),
         cmocka_unit_test(test_push_visible_to_owner),
         cmocka_unit_test(test_registered_uses_cma),
+        cmocka_unit_test(test_registered_large_split),
         cmocka_unit_test(test_pool_reuse_proc),
         cmocka_unit_test(test_pool_reuse_inproc),
         cmocka_unit_test(test_unlink_then_dealloc),

@@ -47,6 +47,7 @@
 #define SHM_STALL_MS 5000
 #define SHM_IOV_BATCH 1024              /* iovec pairs per CMA call */
 #define SHM_CMA_BATCH_BYTES (1ull << 30) /* under the kernel's MAX_RW_COUNT */
+#define SHM_CMA_SPLIT_BYTES (16u << 20) /* CMA over two threads from here */
 #define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
 #define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */
 #define SHM_STALE_S 60    /* a socket file this old has lost its link */

@@ -5,13 +5,15 @@
  */
 #include "transport/shm/shm_int.h"
 
-static atomic_uint_fast64_t stat_memfd, stat_cma, stat_stream, stat_refused;
+static atomic_uint_fast64_t stat_memfd, stat_cma, stat_cma_split, stat_stream,
+    stat_refused;
 
 void
 llmdd__shm_stats_get(llmdd__shm_stats *out)
 {
     out->memfd_xfers = atomic_load(&stat_memfd);
     out->cma_xfers = atomic_load(&stat_cma);
+    out->cma_split = atomic_load(&stat_cma_split);
     out->stream_xfers = atomic_load(&stat_stream);
     out->cma_refused = atomic_load(&stat_refused);
 }
@@ -138,79 +140,133 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
     llmdd__copy_end(&b);
 }
 
+/* A position in a transfer's bytes: run r of tensor t, `done` bytes in. */
+typedef struct {
+    uint32_t t;
+    size_t r;
+    uint64_t done;
+} cma_pos;
+
+/* Moves pos forward by n bytes (n no more than what is left). */
+static void
+cma_advance(const llmdd__xfer *x, cma_pos *pos, uint64_t n)
+{
+    while (pos->t < x->count) {
+        uint64_t left = x->runs[pos->r].len - pos->done;
+        if (n < left) {
+            pos->done += n;
+            return;
+        }
+        n -= left;
+        pos->done = 0;
+        if (++pos->r == x->nruns) {
+            pos->r = 0;
+            pos->t++;
+        }
+    }
+}
+
 /*
- * Cross-memory attach in batches of SHM_IOV_BATCH iovec pairs. 0 done; -1
- * with *err the errno; -2 the link went down or the deadline passed.
+ * Cross-memory attach of `len` bytes of the transfer from `pos`, in batches
+ * of SHM_IOV_BATCH iovec pairs. 0 done; -1 with *err the errno; -2 the link
+ * went down or the deadline passed.
  */
 static int
-shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, int *err)
+shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, cma_pos pos,
+        uint64_t len, int *err)
 {
     struct iovec liov[SHM_IOV_BATCH], riov[SHM_IOV_BATCH];
     pid_t pid = (pid_t)sl->link->peer.pid;
-    uint32_t t = 0;
-    size_t r = 0;
-    uint64_t done = 0; /* bytes of run r of tensor t already moved */
 
-    while (t < x->count) {
+    while (len > 0) {
         size_t n = 0;
-        uint64_t total = 0;
-        uint32_t bt = t;
-        size_t br = r;
-        uint64_t bdone = done;
-        while (n < SHM_IOV_BATCH && bt < x->count &&
-               total < SHM_CMA_BATCH_BYTES) {
-            const llmdd__run *run = &x->runs[br];
-            uint64_t len = run->len - bdone;
-            if (len > SHM_CMA_BATCH_BYTES - total)
-                len = SHM_CMA_BATCH_BYTES - total;
-            liov[n].iov_base = x->local[bt] + llmdd__run_local(x, run) + bdone;
+        uint64_t total = 0, cap = len < SHM_CMA_BATCH_BYTES
+                                      ? len
+                                      : SHM_CMA_BATCH_BYTES;
+        cma_pos b = pos;
+        while (n < SHM_IOV_BATCH && b.t < x->count && total < cap) {
+            const llmdd__run *run = &x->runs[b.r];
+            uint64_t part = run->len - b.done;
+            if (part > cap - total)
+                part = cap - total;
+            liov[n].iov_base =
+                x->local[b.t] + llmdd__run_local(x, run) + b.done;
             riov[n].iov_base =
-                (void *)(uintptr_t)(e->addrs[x->remote_first + bt] +
-                                    llmdd__run_remote(x, run) + bdone);
-            liov[n].iov_len = riov[n].iov_len = (size_t)len;
-            total += len;
+                (void *)(uintptr_t)(e->addrs[x->remote_first + b.t] +
+                                    llmdd__run_remote(x, run) + b.done);
+            liov[n].iov_len = riov[n].iov_len = (size_t)part;
+            total += part;
             n++;
-            bdone += len;
-            if (bdone == run->len) {
-                bdone = 0;
-                if (++br == x->nruns) {
-                    br = 0;
-                    bt++;
-                }
-            }
+            cma_advance(x, &b, part);
         }
-        ssize_t k = 0;
-        if (total > 0)
-            k = x->write ? process_vm_writev(pid, liov, n, riov, n, 0)
-                         : process_vm_readv(pid, liov, n, riov, n, 0);
+        ssize_t k = x->write ? process_vm_writev(pid, liov, n, riov, n, 0)
+                             : process_vm_readv(pid, liov, n, riov, n, 0);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k < 0 || (k == 0 && total > 0)) {
+        if (k <= 0) {
             *err = k < 0 ? errno : EFAULT;
             return -1;
         }
         /* Advance by what moved; a short count resumes mid-run. */
-        uint64_t moved = (uint64_t)k;
-        while (t < x->count) {
-            uint64_t left = x->runs[r].len - done;
-            if (moved < left) {
-                done += moved;
-                break;
-            }
-            moved -= left;
-            done = 0;
-            if (++r == x->nruns) {
-                r = 0;
-                t++;
-            }
-        }
+        cma_advance(x, &pos, (uint64_t)k);
+        len -= (uint64_t)k;
         /* A peer that was stopped between batches must not write on into
          * memory the owner may have handed back meanwhile. */
-        if (t < x->count &&
+        if (len > 0 &&
             (shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
             return -2;
     }
     return 0;
+}
+
+typedef struct {
+    shm_link *sl;
+    const shm_entry *e;
+    const llmdd__xfer *x;
+    cma_pos pos;
+    uint64_t len;
+    int rc, err;
+} cma_half;
+
+static void *
+cma_half_main(void *p)
+{
+    cma_half *h = p;
+
+    h->rc = shm_cma(h->sl, h->e, h->x, h->pos, h->len, &h->err);
+    return NULL;
+}
+
+/*
+ * The whole transfer. From SHM_CMA_SPLIT_BYTES on, a second thread moves
+ * the second half: one thread's cross-memory copy (page pinning plus copy
+ * in the kernel) reaches about half of memcpy, two about 0.9x
+ * (BENCHMARKS.md). The first failure decides; both halves have ended when
+ * this returns, so nothing moves after it.
+ */
+static int
+shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
+             int *err)
+{
+    uint64_t total = llmdd__xfer_bytes(x);
+    cma_pos start = {0, 0, 0};
+    cma_half h = {.sl = sl, .e = e, .x = x, .pos = start};
+    pthread_t th;
+
+    if (total < SHM_CMA_SPLIT_BYTES)
+        return shm_cma(sl, e, x, start, total, err);
+    h.len = total / 2;
+    cma_advance(x, &h.pos, total - h.len);
+    if (pthread_create(&th, NULL, cma_half_main, &h) != 0)
+        return shm_cma(sl, e, x, start, total, err);
+    int rc = shm_cma(sl, e, x, start, total - h.len, err);
+    pthread_join(th, NULL);
+    atomic_fetch_add(&stat_cma_split, 1);
+    if (rc == 0 && h.rc != 0) {
+        rc = h.rc;
+        *err = h.err;
+    }
+    return rc;
 }
 
 static llmdd_status
@@ -282,7 +338,7 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
          * copy a success. */
         left = shm_owner_left(sl);
     } else {
-        rc = shm_cma(sl, e, x, &err);
+        rc = shm_cma_xfer(sl, e, x, &err);
         if (rc == 0)
             atomic_fetch_add(&stat_cma, 1);
     }
