@@ -140,7 +140,8 @@ cli_parse_range(const char *s, bool sizes, uint64_t *a, uint64_t *b)
 }
 
 bool
-cli_parse_hostport(const char *s, char *ip, size_t cap, uint16_t *port)
+cli_parse_hostport(const char *s, uint32_t min_port, char *ip, size_t cap,
+                   uint16_t *port)
 {
     char addr[LLMDD_IP_LEN];
     const char *p;
@@ -175,7 +176,7 @@ cli_parse_hostport(const char *s, char *ip, size_t cap, uint16_t *port)
             return false;
         p = colon + 1;
     }
-    if (!cli_parse_u32(p, 1, 65535, &v) || n >= cap)
+    if (!cli_parse_u32(p, min_port, 65535, &v) || n >= cap)
         return false;
     memcpy(ip, addr, n + 1);
     *port = (uint16_t)v;
@@ -307,6 +308,16 @@ cli_transport_built(const char *name)
             p++;
     }
     return false;
+}
+
+int
+cli_peer_args_check(const cli_lib_opts *lo, const cli_shape *shape)
+{
+    if (strcmp(lo->transport, "loop") == 0)
+        return cli_usage_err("--transport loop only reaches an instance in "
+                             "the same process; `llmdd demo --transport "
+                             "loop` shows it");
+    return cli_shape_check(shape) ? 0 : CLI_EXIT_USAGE;
 }
 
 bool

@@ -57,8 +57,10 @@ bool cli_parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *out);
 bool cli_parse_size(const char *s, uint64_t *out);
 /* "A:B" with A <= B, both unsigned; a single "A" means A:A. */
 bool cli_parse_range(const char *s, bool sizes, uint64_t *a, uint64_t *b);
-/* "IP:PORT" or "[IPv6]:PORT", port 1..65535; ip gets the bare address. */
-bool cli_parse_hostport(const char *s, char *ip, size_t cap, uint16_t *port);
+/* "IP:PORT" or "[IPv6]:PORT", port min_port..65535; ip gets the bare
+ * address. */
+bool cli_parse_hostport(const char *s, uint32_t min_port, char *ip, size_t cap,
+                        uint16_t *port);
 /* "0,3,5-9": a list of at most max indices; *out is malloc'd. */
 bool cli_parse_list(const char *s, size_t max, uint64_t **out, size_t *n);
 /*
@@ -183,6 +185,9 @@ void cli_shape_default(cli_shape *s);
 int cli_shape_opt(cli_shape *s, int opt, const char *arg);
 /* Checks the sizes; false after a message. */
 bool cli_shape_check(const cli_shape *s);
+/* What serve and pull, one side of two processes, cannot run with: the loop
+ * transport, a bad shape. 0 or CLI_EXIT_USAGE after a message. */
+int cli_peer_args_check(const cli_lib_opts *lo, const cli_shape *shape);
 /* The KV cache: 2*layers tensors of bf16 [batch, tokens, heads, head_dim]. */
 llmdd_cache_desc cli_shape_kv(const cli_shape *s);
 /* The paged cache: [blocks, block_tokens, heads, head_dim], holding as many

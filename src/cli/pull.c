@@ -78,7 +78,7 @@ pull_opt(void *ctx, int opt, const char *arg)
 
     switch (opt) {
     case 'c':
-        if (!cli_parse_hostport(arg, c->ip, sizeof(c->ip), &c->port))
+        if (!cli_parse_hostport(arg, 1, c->ip, sizeof(c->ip), &c->port))
             return cli_usage_err("--connect: \"%s\" is not IP:PORT with "
                                  "a port in 1..65535",
                                  arg);
@@ -158,13 +158,7 @@ pull_parse(pull_cfg *c, int argc, char **argv)
     if (c->cluster == c->remote)
         return cli_usage_err("--cluster-id must differ from "
                              "--remote-cluster-id");
-    if (strcmp(c->lo.transport, "loop") == 0)
-        return cli_usage_err("--transport loop only reaches an instance in "
-                             "the same process; `llmdd demo --transport "
-                             "loop` shows it");
-    if (!cli_shape_check(&c->shape))
-        return CLI_EXIT_USAGE;
-    return 0;
+    return cli_peer_args_check(&c->lo, &c->shape);
 }
 
 int

@@ -22,8 +22,8 @@ static const char serve_usage[] =
     "until SIGINT (Ctrl-C) or SIGTERM, and shuts down cleanly.\n"
     "\n"
     "Options:\n"
-    "  -l, --listen IP:PORT  address to listen on (port 1..65535);\n"
-    "                        [IPv6]:PORT for IPv6\n"
+    "  -l, --listen IP:PORT  address to listen on; [IPv6]:PORT for IPv6;\n"
+    "                        port 0: the kernel picks one (printed)\n"
     "  -c, --cluster-id N    this node's cluster id (decoders name it)\n"
     "      --fill[=SEED]     fill the caches with the deterministic pattern\n"
     "                        (seed 1 unless given) so `llmdd pull --verify`\n"
@@ -75,9 +75,9 @@ serve_opt(void *ctx, int opt, const char *arg)
 
     switch (opt) {
     case 'l':
-        if (!cli_parse_hostport(arg, c->ip, sizeof(c->ip), &c->port))
+        if (!cli_parse_hostport(arg, 0, c->ip, sizeof(c->ip), &c->port))
             return cli_usage_err("--listen: \"%s\" is not IP:PORT with a "
-                                 "port in 1..65535",
+                                 "port in 0..65535",
                                  arg);
         c->have_listen = true;
         break;
@@ -92,7 +92,7 @@ serve_opt(void *ctx, int opt, const char *arg)
             return cli_usage_err("--fill: bad seed \"%s\"", arg);
         break;
     case OPT_METRICS:
-        if (!cli_parse_hostport(arg, c->mip, sizeof(c->mip), &c->mport))
+        if (!cli_parse_hostport(arg, 1, c->mip, sizeof(c->mip), &c->mport))
             return cli_usage_err("--metrics: \"%s\" is not IP:PORT with a "
                                  "port in 1..65535",
                                  arg);
@@ -123,13 +123,7 @@ serve_parse(serve_cfg *c, int argc, char **argv)
     if (!c->have_listen || !c->have_cluster)
         return cli_usage_err("--listen IP:PORT and --cluster-id N are "
                              "required");
-    if (strcmp(c->lo.transport, "loop") == 0)
-        return cli_usage_err("--transport loop only reaches an instance in "
-                             "the same process; `llmdd demo --transport "
-                             "loop` shows it");
-    if (!cli_shape_check(&c->shape))
-        return CLI_EXIT_USAGE;
-    return 0;
+    return cli_peer_args_check(&c->lo, &c->shape);
 }
 
 int

@@ -367,7 +367,7 @@ stats_url(const char *url, char *ip, size_t ipcap, uint16_t *port, char *path,
         return false;
     memcpy(hp, url, hl);
     hp[hl] = '\0';
-    if (!cli_parse_hostport(hp, ip, ipcap, port))
+    if (!cli_parse_hostport(hp, 1, ip, ipcap, port))
         return false;
     const char *p = slash != NULL ? slash : "/metrics";
     if (strlen(p) >= pcap || strpbrk(p, " \r\n") != NULL)

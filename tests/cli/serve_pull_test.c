@@ -17,7 +17,8 @@ typedef struct {
     char addr[32];
 } server;
 
-/* Starts `llmdd serve` on a free port with the extra args (NULL-ended). */
+/* Starts `llmdd serve` on port 0 with the extra args (NULL-ended); s->addr
+ * gets the address it prints, with the port the kernel chose. */
 static void
 serve_start(server *s, const char *cluster, const char *const *extra)
 {
@@ -31,14 +32,21 @@ serve_start(server *s, const char *cluster, const char *const *extra)
     for (; extra != NULL && *extra != NULL && n < 30; extra++)
         args[n++] = *extra;
     args[n] = NULL;
-    snprintf(s->addr, sizeof(s->addr), "127.0.0.1:%u", cu_free_port());
+    snprintf(s->addr, sizeof(s->addr), "127.0.0.1:0");
     cu_start(&s->bg, args);
-    if (!cu_wait_line(&s->bg, "serving", line, sizeof(line), 20)) {
+    const char *at = NULL;
+    unsigned port = 0;
+    if (cu_wait_line(&s->bg, "listening on ", line, sizeof(line), 20))
+        at = strstr(line, "listening on 127.0.0.1:");
+    if (at == NULL || sscanf(at, "listening on 127.0.0.1:%u,", &port) != 1 ||
+        port == 0 || port > 65535 ||
+        !cu_wait_line(&s->bg, "serving", line, sizeof(line), 20)) {
         cu_result r = cu_stop(&s->bg, SIGKILL, 10);
         cu_dump("serve did not come up", &r);
         cu_result_free(&r);
         fail();
     }
+    snprintf(s->addr, sizeof(s->addr), "127.0.0.1:%u", port);
 }
 
 /* Runs `llmdd pull` against s with the extra args; returns its result. */
