@@ -1,5 +1,5 @@
 /*
- * The logger's line formats (core/log.h): ISO-8601 UTC timestamps with
+ * The logger's line formats (base/log.h): ISO-8601 UTC timestamps with
  * milliseconds and pid/tid in text lines; with LLMDD_LOG_FORMAT=json one
  * object a line whose message is escaped so any collector parses it.
  */
