@@ -277,7 +277,8 @@ out:
 
 typedef struct {
     uint16_t port;
-    uint64_t bytes;
+    uint64_t bytes; /* per call */
+    uint64_t slots; /* calls cycle through this many buffers of bytes */
 } bench_tcp_arg;
 
 static void
@@ -287,7 +288,10 @@ bench_nodelay(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-/* The raw-TCP sender: answers each one-byte request with `bytes` bytes. */
+/*
+ * The raw-TCP sender: answers each one-byte request with `bytes` bytes, from
+ * the next of `slots` buffers, as the prompt serves the next slot.
+ */
 static int
 bench_tcp_sender(void *arg, int in_fd, int out_fd)
 {
@@ -295,7 +299,7 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons(a->port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    uint8_t *buf = malloc(a->bytes);
+    uint8_t *buf = malloc(a->bytes * a->slots);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int rc = CLI_EXIT_FAIL;
     char req;
@@ -305,16 +309,17 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
     if (buf == NULL || fd < 0 ||
         connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
         goto out;
-    memset(buf, 0x5a, a->bytes);
+    memset(buf, 0x5a, a->bytes * a->slots);
     bench_nodelay(fd);
-    for (;;) {
+    for (uint64_t i = 0;; i++) {
         ssize_t k = recv(fd, &req, 1, 0);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
             break;
+        const uint8_t *slot = buf + i % a->slots * a->bytes;
         for (uint64_t off = 0; off < a->bytes;) {
-            ssize_t s = send(fd, buf + off, a->bytes - off, MSG_NOSIGNAL);
+            ssize_t s = send(fd, slot + off, a->bytes - off, MSG_NOSIGNAL);
             if (s < 0 && errno == EINTR)
                 continue;
             if (s <= 0)
@@ -333,7 +338,10 @@ out:
 /*
  * The raw-TCP baseline: per call, this process asks for the bytes of one
  * call with one byte and receives them into a preallocated buffer from a
- * sender process over one loopback connection.
+ * sender process over one loopback connection. Both sides cycle through as
+ * much memory as the row's caches hold, a call's worth at a time, as the
+ * row's calls cycle through slots: a baseline kept in one cache-hot buffer
+ * would be measuring the CPU cache, not TCP.
  */
 bool
 bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
@@ -341,10 +349,11 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t slen = sizeof(sa);
-    bench_tcp_arg arg = {.bytes = per_call};
+    uint64_t slots = c->nslots * c->block * c->tensors / per_call;
+    bench_tcp_arg arg = {.bytes = per_call, .slots = slots > 0 ? slots : 1};
     cli_node sender = {.cmd_fd = -1, .rep_fd = -1};
     int64_t *samples = calloc(c->iters, sizeof(int64_t));
-    uint8_t *buf = malloc(per_call);
+    uint8_t *buf = malloc(per_call * arg.slots);
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), fd = -1;
     uint64_t timed = 0;
     int64_t t0 = 0;
@@ -357,7 +366,7 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
         cli_err("raw TCP baseline: %s", strerror(errno));
         goto out;
     }
-    memset(buf, 0xa5, per_call); /* non-zero: see bench_bufs_get */
+    memset(buf, 0xa5, per_call * arg.slots); /* non-zero: see bench_bufs_get */
     arg.port = ntohs(sa.sin_port);
     if (cli_node_start(&sender, "raw TCP sender", false, bench_tcp_sender,
                        &arg) != 0)
@@ -372,12 +381,13 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
     for (uint64_t i = 0;; i++) {
         if (i >= c->warmup && bench_done(c, i - c->warmup, t0))
             break;
+        uint8_t *slot = buf + i % arg.slots * per_call;
         int64_t t = cli_now_ns();
         char req = 'r';
         if (send(fd, &req, 1, MSG_NOSIGNAL) != 1)
             goto io_err;
         for (uint64_t off = 0; off < per_call;) {
-            ssize_t k = recv(fd, buf + off, per_call - off, 0);
+            ssize_t k = recv(fd, slot + off, per_call - off, 0);
             if (k < 0 && errno == EINTR)
                 continue;
             if (k <= 0)
