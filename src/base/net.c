@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,7 +42,7 @@ llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len)
     }
 }
 
-_Thread_local const llmdd__cancel *llmdd__tls_cancel;
+_Thread_local llmdd__cancel *llmdd__tls_cancel;
 
 bool
 llmdd__cancelled(void)
@@ -49,6 +50,83 @@ llmdd__cancelled(void)
     const llmdd__cancel *c = llmdd__tls_cancel;
 
     return c != NULL && atomic_load(&c->flag);
+}
+
+int
+llmdd__cancel_init(llmdd__cancel *c)
+{
+    c->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->fd < 0)
+        return -1;
+    atomic_init(&c->flag, false);
+    pthread_mutex_init(&c->lock, NULL);
+    for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++)
+        c->armed[i].fd = -1;
+    return 0;
+}
+
+void
+llmdd__cancel_fini(llmdd__cancel *c)
+{
+    close(c->fd);
+    pthread_mutex_destroy(&c->lock);
+}
+
+void
+llmdd__cancel_fire(llmdd__cancel *c)
+{
+    uint64_t one = 1;
+
+    atomic_store(&c->flag, true);
+    (void)!write(c->fd, &one, sizeof(one));
+    pthread_mutex_lock(&c->lock);
+    for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++) {
+        if (c->armed[i].fd >= 0 && !c->armed[i].cut) {
+            shutdown(c->armed[i].fd, SHUT_RDWR);
+            c->armed[i].cut = true;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+int
+llmdd__cancel_arm(int fd)
+{
+    llmdd__cancel *c = llmdd__tls_cancel;
+    int slot = LLMDD__CANCEL_NONE;
+
+    if (c == NULL)
+        return LLMDD__CANCEL_NONE;
+    pthread_mutex_lock(&c->lock);
+    if (atomic_load(&c->flag)) {
+        slot = LLMDD__CANCEL_FIRED;
+    } else {
+        for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++) {
+            if (c->armed[i].fd < 0) {
+                c->armed[i].fd = fd;
+                c->armed[i].cut = false;
+                slot = i;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return slot;
+}
+
+bool
+llmdd__cancel_disarm(int slot)
+{
+    llmdd__cancel *c = llmdd__tls_cancel;
+    bool cut;
+
+    if (c == NULL || slot < 0)
+        return false;
+    pthread_mutex_lock(&c->lock);
+    cut = c->armed[slot].cut;
+    c->armed[slot].fd = -1;
+    pthread_mutex_unlock(&c->lock);
+    return cut;
 }
 
 int

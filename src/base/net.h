@@ -10,6 +10,7 @@
 #define LLMDD_BASE_NET_H
 
 #include <llmdd/llmdd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -32,13 +33,43 @@ int64_t llmdd__now_ms(void);
  * also wakes when fd becomes readable, so a transport blocked on a socket
  * gives up at once; llmdd__cancelled() tells that cause apart from a lost
  * peer, so the transport discards the connection but keeps the link.
+ *
+ * A thread may instead block in a socket call itself (a recv that sleeps in
+ * the kernel wakes once, where poll and then recv wake twice): it arms the
+ * socket first (llmdd__cancel_arm), and llmdd__cancel_fire shuts down every
+ * armed socket, which fails the blocked call. Arming and firing take the
+ * lock, so a socket is shut down only while its thread is inside the call,
+ * never after it went on to close the fd.
  */
+#define LLMDD__CANCEL_ARMED_MAX 20
 typedef struct {
     int fd; /* eventfd, readable once cancelled */
     atomic_bool flag;
+    pthread_mutex_t lock;
+    struct {
+        int fd;   /* -1: a free slot */
+        bool cut; /* fire shut it down */
+    } armed[LLMDD__CANCEL_ARMED_MAX];
 } llmdd__cancel;
-extern _Thread_local const llmdd__cancel *llmdd__tls_cancel;
+extern _Thread_local llmdd__cancel *llmdd__tls_cancel;
 bool llmdd__cancelled(void);
+
+/* 0, or -1 when the eventfd cannot be made. */
+int llmdd__cancel_init(llmdd__cancel *c);
+void llmdd__cancel_fini(llmdd__cancel *c);
+/* Cancels: sets the flag, wakes llmdd__wait_fd, cuts the armed sockets. */
+void llmdd__cancel_fire(llmdd__cancel *c);
+/*
+ * Before this thread blocks in a call on fd: returns a slot for disarm,
+ * LLMDD__CANCEL_NONE when the thread has no cancellation or no slot is free
+ * (the caller then waits with llmdd__wait_fd), or LLMDD__CANCEL_FIRED when
+ * the request is cancelled already (the caller gives up).
+ */
+#define LLMDD__CANCEL_NONE (-1)
+#define LLMDD__CANCEL_FIRED (-2)
+int llmdd__cancel_arm(int fd);
+/* After the call: whether fire cut fd meanwhile (the connection is gone). */
+bool llmdd__cancel_disarm(int slot);
 
 /*
  * Waits until fd is ready for `events`, the deadline passes, stop_fd (the

@@ -16,19 +16,20 @@
  * returned), the references go, and waiters wake.
  *
  * Cancel removes queued jobs and wakes running ones: their transport waits
- * poll the request's cancel eventfd (llmdd__tls_cancel), so a socket
- * transfer gives up its connection at once; a memcpy finishes first. Cancel
+ * poll the request's cancel eventfd (llmdd__tls_cancel) or block on a
+ * socket they armed, which cancel shuts down, so a socket transfer gives up
+ * its connection at once; a memcpy finishes first. Cancel
  * returns when the request is done, so nothing writes into the caller's
  * memory afterwards.
  *
  * Locking: reqs->lock guards the job queue, the list of requests and every
- * request's state; it is never held across I/O, a copy or another lock.
+ * request's state; it is never held across I/O, a copy or another lock
+ * but a cancellation's own (net.h), which is taken last.
  * Workers sleep on `work` (signalled once a job), waiters on `cond`.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -307,7 +308,7 @@ static void
 request_destroy(llmdd_request *q)
 {
     if (q->cancel.fd >= 0)
-        close(q->cancel.fd);
+        llmdd__cancel_fini(&q->cancel);
     free((void *)q->x.runs);
     free((void *)q->x.local);
     free(q->marked);
@@ -363,8 +364,7 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
         q->notify_len = p->notify_len;
     }
     if (async) {
-        q->cancel.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (q->cancel.fd < 0)
+        if (llmdd__cancel_init(&q->cancel) != 0)
             goto err_plan;
     }
     if (!layerwise && (j = malloc(sizeof(*j))) == NULL)
@@ -447,10 +447,10 @@ end_locked(struct llmdd__reqs *r, llmdd_request *q, llmdd_status why)
         q->status = why;
     }
     dequeue_all(r, q);
-    atomic_store(&q->cancel.flag, true);
-    uint64_t one = 1;
     if (q->cancel.fd >= 0)
-        (void)!write(q->cancel.fd, &one, sizeof(one));
+        llmdd__cancel_fire(&q->cancel);
+    else
+        atomic_store(&q->cancel.flag, true);
     if (finish_claim(q)) {
         pthread_mutex_unlock(&r->lock);
         finish(q);

@@ -5,7 +5,9 @@
  * decoder the control plane or a data connection would use, WRITE and
  * READ_REPLY data consumed as a serving or requesting side would. Handshake
  * frames get the control plane's small buffer; after a data-connection HELLO
- * the full payload cap applies.
+ * the full payload cap applies and frames are read as a serving side reads
+ * requests (llmdd__stream_serve_next, whose first recv may take the start
+ * of a WRITE's data along).
  */
 #include <string.h>
 #include <sys/socket.h>
@@ -15,13 +17,15 @@
 #include "base/net.h"
 #include "base/wire.h"
 #include "fuzz/fuzz.h"
+#include "transport/stream/stream_int.h"
 
 #define CTRL_CAP 256      /* ctrl/ctrl.h's CTRL_MSG_MAX */
 #define INPUT_MAX 65536   /* fits in the socket buffer: no writer thread */
 #define FRAMES_MAX 256
 
 static llmdd *dd; /* never initialized: no stop fd, no threads */
-static uint8_t *buf;
+static uint8_t *buf;  /* a frame's payload */
+static uint8_t *sbuf; /* llmdd__stream_serve_next's: header and payload */
 static uint64_t *offs;
 
 int
@@ -32,8 +36,9 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
     if (llmdd_create(1, LLMDD_ROLE_MIX, &dd) != LLM_SUCCESS)
         abort();
     buf = malloc(LLMDD_WIRE_MAX_PAYLOAD);
+    sbuf = malloc(LLMDD_WIRE_HDR_LEN + LLMDD_WIRE_MAX_PAYLOAD);
     offs = malloc(2 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
-    if (buf == NULL || offs == NULL)
+    if (buf == NULL || sbuf == NULL || offs == NULL)
         abort();
     return 0;
 }
@@ -52,9 +57,14 @@ consume(int fd, uint64_t n, int64_t deadline)
     return 0;
 }
 
-/* One frame; returns -1 where the real receiver would drop the stream. */
+/*
+ * One frame, its payload in buf and `extra` bytes of what follows already
+ * read (serving side only); returns -1 where the real receiver would drop
+ * the stream.
+ */
 static int
-frame(int fd, uint16_t type, size_t len, size_t *cap, int64_t deadline)
+frame(int fd, uint16_t type, size_t len, size_t extra, size_t *cap,
+      int64_t deadline)
 {
     llmdd__rw_req req = {.offs = offs, .lens = offs + LLMDD_WIRE_MAX_RUNS};
     llmdd__hello_reply rep;
@@ -93,9 +103,9 @@ frame(int fd, uint16_t type, size_t len, size_t *cap, int64_t deadline)
     case WMSG_READ:
         return llmdd__wire_rw_decode(buf, len, &req);
     case WMSG_WRITE:
-        if (llmdd__wire_rw_decode(buf, len, &req) != 0)
+        if (llmdd__wire_rw_decode(buf, len, &req) != 0 || extra > req.total)
             return -1;
-        return consume(fd, req.total, deadline);
+        return consume(fd, req.total - extra, deadline);
     case WMSG_READ_REPLY:
         if (llmdd__wire_read_reply_decode(buf, len, &u, &total) != 0)
             return -1;
@@ -129,14 +139,30 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t cap = CTRL_CAP;
     for (int i = 0; i < FRAMES_MAX; i++) {
         uint16_t type = 0;
-        size_t len = 0;
+        size_t len = 0, extra = 0;
         bool to;
-        if (llmdd__recv_msg(dd->stop_fd, sv[1], &type, buf, cap, &len, deadline,
-                            &to) != 0)
-            break;
-        FUZZ_CHECK(!to);
-        FUZZ_CHECK(len <= cap);
-        if (frame(sv[1], type, len, &cap, deadline) != 0)
+        if (cap == LLMDD_WIRE_MAX_PAYLOAD) {
+            const uint8_t *body;
+            if (llmdd__stream_serve_next(dd, sv[1], sbuf, &type, &body, &len,
+                                         &extra) != 0)
+                break;
+            FUZZ_CHECK(body == sbuf + LLMDD_WIRE_HDR_LEN);
+            FUZZ_CHECK(len <= LLMDD_WIRE_MAX_PAYLOAD);
+            /* What came along came in the first recv. */
+            FUZZ_CHECK(extra == 0 || LLMDD_WIRE_HDR_LEN + len + extra <=
+                                         LLMDD__STREAM_SERVE_FIRST);
+            /* Only a WRITE may have data after it (serve_conn). */
+            if (extra > 0 && type != WMSG_WRITE)
+                break;
+            memcpy(buf, body, len);
+        } else {
+            if (llmdd__recv_msg(dd->stop_fd, sv[1], &type, buf, cap, &len,
+                                deadline, &to) != 0)
+                break;
+            FUZZ_CHECK(!to);
+            FUZZ_CHECK(len <= cap);
+        }
+        if (frame(sv[1], type, len, extra, &cap, deadline) != 0)
             break;
     }
     close(sv[0]);

@@ -56,9 +56,16 @@ typedef struct {
 } seg_iter;
 
 /* stream.c (their comments are there) */
+/* Puts a data connection in blocking mode; a requester's gets the receive
+ * timeout its waits rely on (stream.c's opening comment). */
+void llmdd__stream_conn_mode(int fd, bool requester);
 int llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
                          int64_t deadline, int stall_ms, struct iovec *pre,
                          size_t npre);
+/* The serving side's read of the next request (also the fuzz target's). */
+#define LLMDD__STREAM_SERVE_FIRST (LLMDD_WIRE_HDR_LEN + 256)
+int llmdd__stream_serve_next(llmdd *dd, int fd, uint8_t *buf, uint16_t *type,
+                             const uint8_t **body, size_t *len, size_t *extra);
 int llmdd__stream_recv_reply(llmdd *dd, int fd, struct iovec *rv,
                              seg_iter *it, int64_t deadline);
 

@@ -56,6 +56,8 @@ pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
             s->nconns++;
             pthread_mutex_unlock(&s->lock);
             fd = llmdd__data_connect(link, 0, deadline);
+            if (fd >= 0)
+                llmdd__stream_conn_mode(fd, true);
             pthread_mutex_lock(&s->lock);
             if (fd < 0) {
                 s->nconns--;
@@ -196,9 +198,7 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
                    .nruns = nruns};
     uint64_t total = 0;
     uint32_t status;
-    uint16_t type;
     size_t len;
-    bool to;
 
     *conn_ok = false;
     for (size_t i = 0; i < nruns; i++) {
@@ -222,12 +222,16 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
          * between then moves nothing, where data sent along would still
          * land in the peer's cache after we returned.
          */
+        uint8_t reply[LLMDD_WIRE_HDR_LEN + 4];
+        struct iovec rv = {reply, sizeof(reply)};
+        llmdd__frame f;
         if (llmdd__stream_seg_io(dd, fd, &it, true, x->deadline_ms, 0, NULL,
                                  0) != 0 ||
-            llmdd__recv_msg(dd->stop_fd, fd, &type, buf, cap, &len, x->deadline_ms,
-                            &to) != 0 ||
-            type != WMSG_WRITE_REPLY ||
-            llmdd__wire_u32_decode(buf, len, &status) != 0)
+            llmdd__stream_recv_reply(dd, fd, &rv, &none, x->deadline_ms) != 0 ||
+            llmdd__wire_frame_decode(reply, &f) != 0 ||
+            f.type != WMSG_WRITE_REPLY || f.len != 4 ||
+            llmdd__wire_u32_decode(reply + LLMDD_WIRE_HDR_LEN, f.len,
+                                   &status) != 0)
             return lane_io_status(link, x->deadline_ms, sp);
         *conn_ok = true;
         return status == LLM_SUCCESS ? LLM_SUCCESS : LLM_KV_CACHE_NOT_EXIST;
@@ -362,6 +366,8 @@ pool_take_more(llmdd__stream *s, int *fds, int max, int64_t deadline)
             s->nconns++;
             pthread_mutex_unlock(&s->lock);
             fd = llmdd__data_connect(link, 0, deadline);
+            if (fd >= 0)
+                llmdd__stream_conn_mode(fd, true);
             pthread_mutex_lock(&s->lock);
             if (fd < 0) {
                 s->nconns--;
@@ -385,7 +391,7 @@ typedef struct {
     llmdd__run *tmp;    /* x->nruns entries for a part of one tensor */
     stripe *sp;
     int fd;
-    const llmdd__cancel *cancel; /* the caller's, for the lane's thread */
+    llmdd__cancel *cancel; /* the caller's, for the lane's thread */
     llmdd_status st;
     bool ok;
     bool threaded;
