@@ -76,6 +76,13 @@ static const char bench_usage[] =
     "      --min-time MS       without --iters, time each row (and its\n"
     "                          baseline) for at least this long (default\n"
     "                          200)\n"
+    "      --rounds N          run the whole sweep N times (1..100,\n"
+    "                          default 1), row and baseline again each\n"
+    "                          time; rows then show the medians of the\n"
+    "                          rounds, the ratio's the median of each\n"
+    "                          round's own ratio, with its lowest and\n"
+    "                          highest (the plot: medians, bars from the\n"
+    "                          lowest to the highest round)\n"
     "      --warmup N          untimed calls first (default: one pass over\n"
     "                          the cache and at least 16 MiB, 1..20000\n"
     "                          calls; iters/10 for link)\n"
@@ -230,6 +237,7 @@ enum {
     OPT_NUM_LAYERS,
     OPT_COMPUTE_US,
     OPT_LANES,
+    OPT_ROUNDS,
 };
 
 static int
@@ -323,6 +331,10 @@ bench_opt(void *ctx, int opt, const char *arg)
             return cli_usage_err("--lanes: too many options");
         break;
     }
+    case OPT_ROUNDS:
+        if (!cli_parse_u32(arg, 1, 100, &c->rounds))
+            return cli_usage_err("--rounds: want 1..100, got \"%s\"", arg);
+        break;
     case OPT_MIN_TIME:
         if (!cli_parse_u32(arg, 1, 3600000, &c->min_time_ms))
             return cli_usage_err("--min-time: bad milliseconds \"%s\"", arg);
@@ -357,6 +369,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"num-layers", required_argument, NULL, OPT_NUM_LAYERS},
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
         {"lanes", required_argument, NULL, OPT_LANES},
+        {"rounds", required_argument, NULL, OPT_ROUNDS},
         {NULL, 0, NULL, 0},
     };
     const cli_args a = {.usage = bench_usage,
@@ -371,6 +384,11 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         cfg->blocks = cfg->op == BOP_PULL_BLOCKS ? 64 : 1;
     if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)
         return cli_usage_err("--inflight: only with --op pull-blocks");
+    if (cfg->rounds > 1 && (cfg->op == BOP_LINK || cfg->op == BOP_LAYERWISE))
+        return cli_usage_err("--rounds: not with --op link or layerwise "
+                             "(their --iters are rounds already)");
+    if (cfg->rounds == 0)
+        cfg->rounds = 1;
     if (cfg->op == BOP_LAYERWISE) {
         if (cfg->decoders > 1 || cfg->blocks > 1 || cfg->csv != NULL ||
             cfg->plot != NULL || cfg->baseline != BASE_AUTO)
@@ -617,6 +635,68 @@ bench_median(double *v, size_t n)
     return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* The median, lowest and highest of field f over n rounds of one row. */
+static double
+bench_spread(const bench_result *runs, size_t n, size_t stride,
+             double (*f)(const bench_result *), double *lo, double *hi)
+{
+    double v[100];
+
+    for (size_t i = 0; i < n; i++)
+        v[i] = f(&runs[i * stride]);
+    double m = bench_median(v, n); /* sorts v */
+    if (lo != NULL)
+        *lo = v[0];
+    if (hi != NULL)
+        *hi = v[n - 1];
+    return m;
+}
+
+static double f_gbps(const bench_result *r) { return r->gbps; }
+static double f_p50(const bench_result *r) { return r->p50; }
+static double f_p99(const bench_result *r) { return r->p99; }
+static double f_bps(const bench_result *r) { return r->blocks_per_s; }
+static double f_base(const bench_result *r) { return r->base_gbps; }
+static double f_base_p50(const bench_result *r) { return r->base_p50; }
+static double f_base_p99(const bench_result *r) { return r->base_p99; }
+static double f_best(const bench_result *r) { return r->best_gbps; }
+static double f_ratio(const bench_result *r) { return r->ratio; }
+static double f_ratio_best(const bench_result *r) { return r->ratio_best; }
+static double f_post(const bench_result *r) { return r->post_ns; }
+
+/*
+ * One row from its n rounds (runs[0], runs[stride], ...): the median of
+ * each measure, the ratios the medians of each round's own ratio (a round's
+ * row and baseline ran minutes apart from the next round's).
+ */
+static void
+bench_aggregate(const bench_result *runs, size_t n, size_t stride,
+                bench_result *out)
+{
+    *out = runs[0];
+    out->rounds = (uint32_t)n;
+    out->calls = 0;
+    out->iters = 0;
+    for (size_t i = 0; i < n; i++) {
+        out->calls += runs[i * stride].calls;
+        out->iters += runs[i * stride].iters; /* over all rounds */
+    }
+    out->gbps = bench_spread(runs, n, stride, f_gbps, &out->gbps_lo,
+                             &out->gbps_hi);
+    out->p50 = bench_spread(runs, n, stride, f_p50, NULL, NULL);
+    out->p99 = bench_spread(runs, n, stride, f_p99, NULL, NULL);
+    out->blocks_per_s = bench_spread(runs, n, stride, f_bps, NULL, NULL);
+    out->base_gbps = bench_spread(runs, n, stride, f_base, &out->base_lo,
+                                  &out->base_hi);
+    out->base_p50 = bench_spread(runs, n, stride, f_base_p50, NULL, NULL);
+    out->base_p99 = bench_spread(runs, n, stride, f_base_p99, NULL, NULL);
+    out->best_gbps = bench_spread(runs, n, stride, f_best, NULL, NULL);
+    out->ratio = bench_spread(runs, n, stride, f_ratio, &out->ratio_lo,
+                              &out->ratio_hi);
+    out->ratio_best = bench_spread(runs, n, stride, f_ratio_best, NULL, NULL);
+    out->post_ns = bench_spread(runs, n, stride, f_post, NULL, NULL);
+}
+
 /*
  * One row of --op layerwise. The ideal of a round is max(its compute, its
  * transfer) + one layer's transfer: the last layer can only move after its
@@ -723,7 +803,7 @@ cli_bench(int argc, char **argv)
     cli_node prompt = {.cmd_fd = -1, .rep_fd = -1};
     cli_node decs[BENCH_MAX_DECODERS];
     bench_role prole, droles[BENCH_MAX_DECODERS];
-    bench_result *rows = NULL;
+    bench_result *rows = NULL, *runs = NULL;
     size_t nrows = 0, maxrows = 0;
     bench_progress prog;
     bench_bufs bufs = {NULL, NULL, 0};
@@ -772,12 +852,13 @@ cli_bench(int argc, char **argv)
     if (cfg.op == BOP_LINK)
         maxrows = 1;
     rows = calloc(maxrows, sizeof(*rows));
-    if (rows == NULL) {
+    runs = calloc(maxrows * cfg.rounds, sizeof(*runs));
+    if (rows == NULL || runs == NULL) {
         cli_err("out of memory");
         goto out;
     }
     prog.on = cfg.progress;
-    prog.total = maxrows;
+    prog.total = maxrows * cfg.rounds;
     prog.t0 = cli_now_ns();
 
     int base = bench_base_kind(&cfg);
@@ -849,7 +930,8 @@ cli_bench(int argc, char **argv)
             goto out;
         }
     }
-    bench_print_header(&cfg);
+    if (cfg.rounds == 1)
+        bench_print_header(&cfg);
     if (cfg.op == BOP_LINK) {
         if (!bench_link_row(&cfg, decs, port, &prog, &rows[0]))
             goto out;
@@ -868,19 +950,38 @@ cli_bench(int argc, char **argv)
                 goto out;
             }
         }
-        for (uint64_t b = cfg.bmin; nrows < maxrows; b *= 2) {
-            prog.done = nrows;
-            if (!(cfg.op == BOP_LAYERWISE
-                      ? bench_layerwise_row(&cfg, &prompt, &decs[0], b, &prog,
-                                            &rows[nrows])
-                      : bench_row(&cfg, &prompt, decs, b, &bufs, &prog,
-                                  &rows[nrows]))) {
+        /* Round after round over the whole sweep, so that each row's
+         * rounds are spread over the run's time, not taken back to back. */
+        for (uint32_t k = 0; k < cfg.rounds; k++) {
+            uint64_t b = cfg.bmin;
+            for (size_t i = 0; i < maxrows; i++, b *= 2) {
+                bench_result *res = &runs[k * maxrows + i];
+                prog.done = k * maxrows + i;
+                if (!(cfg.op == BOP_LAYERWISE
+                          ? bench_layerwise_row(&cfg, &prompt, &decs[0], b,
+                                                &prog, res)
+                          : bench_row(&cfg, &prompt, decs, b, &bufs, &prog,
+                                      res))) {
+                    bench_progress_clear(&prog);
+                    goto out;
+                }
                 bench_progress_clear(&prog);
-                goto out;
+                if (cfg.rounds == 1)
+                    bench_print_row(&cfg, res);
             }
-            bench_progress_clear(&prog);
-            bench_print_row(&cfg, &rows[nrows]);
-            nrows++;
+            if (cfg.rounds > 1) {
+                printf("  round %" PRIu32 " of %" PRIu32 " done, %s\n",
+                       k + 1, cfg.rounds,
+                       cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
+                fflush(stdout);
+            }
+        }
+        if (cfg.rounds > 1)
+            bench_print_header(&cfg);
+        for (nrows = 0; nrows < maxrows; nrows++) {
+            bench_aggregate(runs + nrows, cfg.rounds, maxrows, &rows[nrows]);
+            if (cfg.rounds > 1)
+                bench_print_row(&cfg, &rows[nrows]);
         }
     }
     if (cfg.op == BOP_LINK)
@@ -895,8 +996,12 @@ cli_bench(int argc, char **argv)
                cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
     else
         printf("\nGB/s = 10^9 bytes/s, aggregate over decoders; p50/p99 per "
-               "call; ratio = GB/s / baseline GB/s%s; %s total.\n",
+               "call; ratio = GB/s / baseline GB/s%s%s; %s total.\n",
                base == BASE_MEMCPY ? "; vs best = GB/s / best copy GB/s" : "",
+               cfg.rounds > 1 ? "; every column the median of the rounds, "
+                                "the ratios each round's own, range = the "
+                                "lowest and highest round's ratio"
+                              : "",
                cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
     rc = CLI_EXIT_OK;
     if (cfg.json != NULL && !bench_write_json(&cfg, rows, nrows))
@@ -917,6 +1022,7 @@ out:
     if (cli_node_stop(&prompt) != 0)
         rc = CLI_EXIT_FAIL;
     bench_bufs_free(&bufs);
+    free(runs);
     free(rows);
     cli_lib_opts_fini(&cfg.lo);
     return rc;

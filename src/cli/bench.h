@@ -39,6 +39,7 @@ typedef struct {
     uint32_t iters, warmup; /* iters 0: auto, by time */
     bool warmup_set;
     uint32_t min_time_ms;
+    uint32_t rounds; /* the sweep, repeated; rows report medians */
     bool no_pool;
     uint64_t pool_bytes; /* per node: the largest row's cache */
     uint64_t total;
@@ -148,6 +149,9 @@ typedef struct {
     double compute_ms, push_ms, seq_ms, lw_ms, comp_ms, tail_ms, marks_ms;
     double preempt, layer_ms, ideal_ms;
     double ratio_seq, ratio_ideal;
+    /* --rounds > 1: the spread of the rounds the medians above come from */
+    uint32_t rounds;
+    double gbps_lo, gbps_hi, base_lo, base_hi, ratio_lo, ratio_hi;
 } bench_result;
 
 typedef struct {

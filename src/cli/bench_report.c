@@ -63,6 +63,8 @@ bench_print_header(const bench_cfg *cfg)
     printf("\n%9s %7s %6s %9s %10s %10s %11s | %9s %10s %7s", "block", "blocks",
            "iters", "GB/s", "p50 us", "p99 us", "blocks/s", "base GB/s",
            "base p50", "ratio");
+    if (cfg->rounds > 1 && bench_base_kind(cfg) != BASE_NONE)
+        printf(" %11s", "range");
     if (bench_base_kind(cfg) == BASE_MEMCPY)
         printf(" | %9s %7s", "best GB/s", "vs best");
     printf("\n");
@@ -115,6 +117,8 @@ bench_print_row(const bench_cfg *cfg, const bench_result *r)
                cli_fmt_bytes(b, sizeof(b), r->block), r->per_call, r->iters,
                r->gbps, r->p50, r->p99, r->blocks_per_s, r->base_gbps,
                r->base_p50, r->ratio);
+    if (r->rounds > 1 && r->base != BASE_NONE)
+        printf(" %5.2f-%-5.2f", r->ratio_lo, r->ratio_hi);
     if (r->base == BASE_MEMCPY)
         printf(" | %9.3f %7.2f  (%s)\n", r->best_gbps, r->ratio_best,
                r->best_nt ? "streamed" : "memcpy");
@@ -222,6 +226,18 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
             continue;
         }
         cJSON_AddNumberToObject(o, "block_size", (double)r->block);
+        cJSON_AddNumberToObject(o, "rounds", r->rounds);
+        if (r->rounds > 1) {
+            cJSON *sp = cJSON_AddObjectToObject(o, "spread");
+            if (sp != NULL) {
+                cJSON_AddNumberToObject(sp, "gbps_min", r->gbps_lo);
+                cJSON_AddNumberToObject(sp, "gbps_max", r->gbps_hi);
+                cJSON_AddNumberToObject(sp, "baseline_gbps_min", r->base_lo);
+                cJSON_AddNumberToObject(sp, "baseline_gbps_max", r->base_hi);
+                cJSON_AddNumberToObject(sp, "ratio_min", r->ratio_lo);
+                cJSON_AddNumberToObject(sp, "ratio_max", r->ratio_hi);
+            }
+        }
         cJSON_AddNumberToObject(o, "blocks", r->per_call);
         cJSON_AddNumberToObject(o, "bytes_per_call", (double)r->bytes_per_call);
         cJSON_AddNumberToObject(o, "calls", (double)r->calls);
@@ -292,17 +308,25 @@ bench_write_csv(const bench_cfg *cfg, const bench_result *rows, size_t n)
         fprintf(f, "op,transport,decoders,block_size,blocks,bytes_per_call,"
                    "iters,gbps,p50_us,p99_us,blocks_per_s,baseline,"
                    "baseline_gbps,baseline_p50_us,ratio,best_copy_gbps,"
-                   "ratio_best\n");
+                   "ratio_best,rounds,gbps_min,gbps_max,baseline_gbps_min,"
+                   "baseline_gbps_max,ratio_min,ratio_max\n");
         for (size_t i = 0; i < n; i++) {
             const bench_result *r = &rows[i];
             fprintf(
                 f,
                 "%s,%s,%" PRIu32 ",%" PRIu64 ",%" PRIu32 ",%" PRIu64 ",%" PRIu32
-                ",%.4f,%.3f,%.3f,%.1f,%s,%.4f,%.3f,%.4f,%.4f,%.4f\n",
+                ",%.4f,%.3f,%.3f,%.1f,%s,%.4f,%.3f,%.4f,%.4f,%.4f,%" PRIu32
+                ",%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n",
                 bench_ops[cfg->op], cfg->lo.transport, cfg->decoders, r->block,
                 r->per_call, r->bytes_per_call, r->iters, r->gbps, r->p50,
                 r->p99, r->blocks_per_s, bench_bases[r->base], r->base_gbps,
-                r->base_p50, r->ratio, r->best_gbps, r->ratio_best);
+                r->base_p50, r->ratio, r->best_gbps, r->ratio_best, r->rounds,
+                r->rounds > 1 ? r->gbps_lo : r->gbps,
+                r->rounds > 1 ? r->gbps_hi : r->gbps,
+                r->rounds > 1 ? r->base_lo : r->base_gbps,
+                r->rounds > 1 ? r->base_hi : r->base_gbps,
+                r->rounds > 1 ? r->ratio_lo : r->ratio,
+                r->rounds > 1 ? r->ratio_hi : r->ratio);
         }
     }
     ok = !ferror(f);
@@ -385,6 +409,11 @@ bench_plot(const bench_cfg *cfg, const bench_result *rows, size_t n)
     bench_gp_str(gp, cfg->plot);
     fputs("\nset title ", gp);
     bench_gp_str(gp, title);
+    if (cfg->rounds > 1) /* a second line: "\n" only works in "" */
+        fprintf(gp,
+                ".\"\\nmedians of %" PRIu32 " rounds; bars: lowest to highest "
+                "round\"",
+                cfg->rounds);
     /* Tick labels from the rows themselves: 4K, 64K, 1M, ... */
     fputs("\nset xtics (", gp);
     size_t every = n > 12 ? 2 : 1;
@@ -411,19 +440,28 @@ bench_plot(const bench_cfg *cfg, const bench_result *rows, size_t n)
           "set key below horizontal\n"
           "$data << EOD\n",
           gp);
-    for (size_t i = 0; i < n; i++)
-        fprintf(gp, "%" PRIu64 " %.6f %.6f %.3f %.3f\n", rows[i].block,
-                rows[i].gbps, rows[i].base_gbps, rows[i].p50, rows[i].base_p50);
+    /* Columns: block, GB/s, its low and high, baseline GB/s, its low and
+     * high, p50; one round's low and high are its own value. */
+    bool bars = cfg->rounds > 1;
+    for (size_t i = 0; i < n; i++) {
+        const bench_result *r = &rows[i];
+        fprintf(gp, "%" PRIu64 " %.6f %.6f %.6f %.6f %.6f %.6f %.3f\n",
+                r->block, r->gbps, bars ? r->gbps_lo : r->gbps,
+                bars ? r->gbps_hi : r->gbps, r->base_gbps,
+                bars ? r->base_lo : r->base_gbps,
+                bars ? r->base_hi : r->base_gbps, r->p50);
+    }
+    const char *style = bars ? "yerrorlines" : "linespoints";
     fprintf(gp,
-            "EOD\nplot $data using 1:2 with linespoints lw 2 pt 7 "
+            "EOD\nplot $data using 1:2%s with %s lw 2 pt 7 "
             "title 'llmdd %s (%s), GB/s'",
-            bench_ops[cfg->op], cfg->lo.transport);
+            bars ? ":3:4" : "", style, bench_ops[cfg->op], cfg->lo.transport);
     if (base != BASE_NONE)
         fprintf(gp,
-                ", $data using 1:3 with linespoints lw 2 pt 5 dt 2 "
+                ", $data using 1:5%s with %s lw 2 pt 5 dt 2 "
                 "title '%s baseline, GB/s'",
-                bench_base_label(base));
-    fputs(", $data using 1:4 axes x1y2 with linespoints lw 1.5 pt 1 dt 3 "
+                bars ? ":6:7" : "", style, bench_base_label(base));
+    fputs(", $data using 1:8 axes x1y2 with linespoints lw 1.5 pt 1 dt 3 "
           "title 'llmdd p50 latency per call (right axis)'\n",
           gp);
     int st = pclose(gp);

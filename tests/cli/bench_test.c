@@ -1,7 +1,8 @@
 /*
  * `llmdd bench`: short sweeps whose JSON and CSV output is parsed and
  * checked (rows, sizes, counts, percentiles, baselines and ratios), every
- * --op, several decoders, registered memory, and the gnuplot picture.
+ * --op, several decoders, registered memory, repeated rounds and the
+ * gnuplot picture.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -294,6 +295,47 @@ have_gnuplot(void)
            access("/usr/local/bin/gnuplot", X_OK) == 0;
 }
 
+/* --rounds 3: every row is the median of three, with its spread. */
+static void
+test_bench_rounds(void **state)
+{
+    (void)state;
+    char csv[64];
+    cu_tmpname(csv, sizeof(csv), ".csv");
+    const char *args[] = {"-t",           "loop",   "--block-size", "4K:8K",
+                          "--iters",      "7",      "--total-size", "1M",
+                          "--rounds",     "3",      "--csv",        csv,
+                          NULL};
+    cu_result r;
+    cJSON *root = bench_json(args, &r);
+    assert_non_null(strstr(r.out, "round 3 of 3 done"));
+    assert_non_null(strstr(r.out, "range"));
+    const cJSON *rows = obj(root, "rows");
+    assert_int_equal(cJSON_GetArraySize(rows), 2);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *row = cJSON_GetArrayItem(rows, i);
+        /* Seven timed calls a round, three rounds. */
+        assert_true(num(row, "rounds") == 3);
+        assert_true(num(row, "calls") == 21);
+        assert_true(num(row, "iters") == 21);
+        const cJSON *sp = obj(row, "spread");
+        double g = num(row, "gbps"), q = num(row, "ratio");
+        assert_true(num(sp, "gbps_min") <= g && g <= num(sp, "gbps_max"));
+        assert_true(num(sp, "ratio_min") <= q && q <= num(sp, "ratio_max"));
+        double b = num(obj(row, "baseline"), "gbps");
+        assert_true(num(sp, "baseline_gbps_min") <= b &&
+                    b <= num(sp, "baseline_gbps_max"));
+    }
+    char *text = cu_read_file(csv, NULL);
+    assert_non_null(text);
+    unlink(csv);
+    assert_non_null(strstr(text, ",rounds,gbps_min,gbps_max,"));
+    assert_non_null(strstr(strchr(text, '\n'), ",3,"));
+    free(text);
+    cJSON_Delete(root);
+    cu_result_free(&r);
+}
+
 static void
 test_bench_plot(void **state)
 {
@@ -339,6 +381,7 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_bench_layerwise, teardown),
         cmocka_unit_test_teardown(test_bench_link, teardown),
         cmocka_unit_test_teardown(test_bench_register_auto, teardown),
+        cmocka_unit_test_teardown(test_bench_rounds, teardown),
         cmocka_unit_test_teardown(test_bench_plot, teardown),
     };
     return cu_main("bench", tests, sizeof(tests) / sizeof(tests[0]), argc,
