@@ -51,7 +51,9 @@
  *    cache's memfd pages are never given to another cache anyway. The peer,
  *    for its part, reports a memfd copy as failed (LLM_NOT_YET_LINK) when
  *    by its end the owner had half-closed the socket: the copy may have
- *    met memory that was no longer leased. Registered (CMA) memory cannot
+ *    met memory that was no longer leased. (It looks at the socket at most
+ *    every SHM_BYE_MS / 4: a copy that ended sooner after the socket was
+ *    seen open ran on leased memory all the same.) Registered (CMA) memory cannot
  *    be held back; the peer checks the socket between CMA batches.
  *  - Seals. Memfds are sealed against size changes before they are passed
  *    (core/cache.c): a peer that shrank one would make the owner die of
@@ -247,6 +249,7 @@ shm_new(llmdd__link *link)
         return NULL;
     sl->link = link;
     sl->listen_fd = sl->sock = sl->peer_pidfd = -1;
+    sl->open_at = INT64_MIN / 2; /* never */
     sl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sl->stream = llmdd__stream_new(link, SHM_FWD_CONNS, SHM_REV_CONNS);
     sl->rbuf = malloc(SHM_MSG_MAX);

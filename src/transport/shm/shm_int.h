@@ -113,6 +113,7 @@ typedef struct {
     bool nosock;         /* everything goes over the data plane */
     bool accepted;       /* server: the socket was set up (once) */
     bool down;
+    int64_t open_at; /* when the socket was last seen open (shm_owner_left) */
     uint64_t seq;
     shm_wait *waits;
     shm_entry *entries;

@@ -105,19 +105,40 @@ err_bad:
  * half-close, and only after it may it free memory a copy of ours targets,
  * so a copy that finds this false once it is done ran entirely on memory
  * still leased to us.
+ *
+ * The owner frees nothing until SHM_BYE_MS after its half-close, so a copy
+ * that ended less than SHM_OPEN_MS (well under SHM_BYE_MS) after the socket
+ * was last seen open also ran on leased memory: the socket is looked at
+ * (a poll, which costs more than a 4 KiB copy) at most once per
+ * SHM_OPEN_MS, not after every copy. The time is taken before the poll, so
+ * it is never later than the moment the socket was seen open.
  */
+#define SHM_OPEN_MS (SHM_BYE_MS / 4)
+
 static bool
 shm_owner_left(shm_link *sl)
 {
+    int64_t now = llmdd__now_ms();
+
     pthread_mutex_lock(&sl->lock);
     bool down = sl->down;
+    bool recent = now - sl->open_at < SHM_OPEN_MS;
     int fd = sl->sock;
     pthread_mutex_unlock(&sl->lock);
     if (down)
         return true;
+    if (recent)
+        return false;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) == 1 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    bool left = poll(&p, 1, 0) == 1 &&
+                (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    if (!left) {
+        pthread_mutex_lock(&sl->lock);
+        if (now > sl->open_at)
+            sl->open_at = now;
+        pthread_mutex_unlock(&sl->lock);
+    }
+    return left;
 }
 
 /* One batch of the copy engine; it has fenced its stores once this returns,
