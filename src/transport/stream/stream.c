@@ -68,9 +68,9 @@ llmdd__stream_conn_mode(int fd, bool requester)
 }
 
 /*
- * A requester's recvmsg that waits for data: blocked in the call while more
- * than a slice is left (cut by a cancel, the link's shutdown), else in
- * llmdd__wait_fd up to the deadline. Returns the bytes received, 0 at end
+ * A requester's recvmsg that waits for data: blocked in the call for up to
+ * a slice when more than that is left (cut by a cancel, the link's
+ * shutdown), then in llmdd__wait_fd up to the deadline. Returns the bytes received, 0 at end
  * of stream, -1 on error, timeout, stop or cancel.
  */
 static ssize_t
@@ -90,7 +90,8 @@ recv_wait(llmdd *dd, int fd, struct msghdr *mh, int64_t deadline)
                     return k;
                 if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
                     return -1;
-                continue; /* a slice without data: look at the time */
+                /* A slice without data, or a socket that is not in
+                 * blocking mode after all: the rest of the wait polls. */
             }
         }
         if (llmdd__wait_fd(dd->stop_fd, fd, POLLIN, deadline) != 1)
