@@ -361,6 +361,8 @@ typedef struct cli_metrics_server cli_metrics_server;
 /* Serves GET /metrics of dd on ip:port; NULL with a message in err. */
 cli_metrics_server *cli_metrics_start(llmdd *dd, const char *ip, uint16_t port,
                                       char *err, size_t cap);
+/* The port it serves on: the kernel's choice when started on port 0. */
+uint16_t cli_metrics_port(const cli_metrics_server *s);
 void cli_metrics_stop(cli_metrics_server *s); /* NULL is a no-op */
 
 #endif

@@ -110,6 +110,15 @@ cli_metrics_start(llmdd *dd, const char *ip, uint16_t port, char *err,
     return s;
 }
 
+uint16_t
+cli_metrics_port(const cli_metrics_server *s)
+{
+    const union MHD_DaemonInfo *i =
+        MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+
+    return i != NULL ? i->port : 0;
+}
+
 void
 cli_metrics_stop(cli_metrics_server *s)
 {

@@ -32,7 +32,8 @@ static const char serve_usage[] =
     "      --layers N        same as --num-layers\n" CLI_SHAPE_HELP
     "      --metrics IP:PORT serve Prometheus metrics over HTTP at\n"
     "                        http://IP:PORT/metrics (`llmdd stats` reads "
-    "them)\n"
+    "them);\n"
+    "                        port 0: the kernel picks one, printed at start\n"
     "  -o, --option K=V      extra llmdd option (e.g. -o llm.AuthToken=s);\n"
     "                        see `llmdd info`\n"
     "  -h, --help            this text\n";
@@ -92,9 +93,9 @@ serve_opt(void *ctx, int opt, const char *arg)
             return cli_usage_err("--fill: bad seed \"%s\"", arg);
         break;
     case OPT_METRICS:
-        if (!cli_parse_hostport(arg, 1, c->mip, sizeof(c->mip), &c->mport))
+        if (!cli_parse_hostport(arg, 0, c->mip, sizeof(c->mip), &c->mport))
             return cli_usage_err("--metrics: \"%s\" is not IP:PORT with a "
-                                 "port in 1..65535",
+                                 "port in 0..65535",
                                  arg);
         c->have_metrics = true;
         break;
@@ -207,7 +208,7 @@ cli_serve(int argc, char **argv)
                : "");
     if (ms != NULL)
         printf("metrics: http://%s/metrics\n",
-               cli_fmt_addr(addr, sizeof(addr), c.mip, c.mport));
+               cli_fmt_addr(addr, sizeof(addr), c.mip, cli_metrics_port(ms)));
     printf("serving; Ctrl-C or SIGTERM stops it\n");
 
     int sig = 0;
