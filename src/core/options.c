@@ -19,23 +19,29 @@
 #define POOL_SIZE_MAX (1ull << 46)
 
 uint32_t
-llmdd__max_links_auto(void)
+llmdd__max_links_auto(int tcp_lanes)
 {
     struct rlimit rl;
     uint64_t n = 1024;
+    /* N lanes: the control connection, N + 1 data connections each way,
+     * shm's socket; at least the 8 of the default two each way. */
+    uint64_t lanes =
+        tcp_lanes > 0 ? (uint64_t)tcp_lanes : LLMDD__TCP_LANES_AUTO;
+    uint64_t per = 2 * lanes + 4 > 8 ? 2 * lanes + 4 : 8;
 
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        n = rl.rlim_cur > 64 ? (rl.rlim_cur - 64) / 8 : 0;
+        n = rl.rlim_cur > 64 ? (rl.rlim_cur - 64) / per : 0;
     return n < 16 ? 16 : n > 1024 ? 1024 : (uint32_t)n;
 }
 
+/* 0 stands for auto until the lanes are known (options_resolve). */
 static llmdd_status
 parse_max_links(const char *s, uint32_t *out)
 {
     uint32_t v;
 
     if (s != NULL && strcmp(s, "auto") == 0) {
-        *out = llmdd__max_links_auto();
+        *out = 0;
         return LLM_SUCCESS;
     }
     if (llmdd__parse_u32(s, &v) != LLM_SUCCESS || v == 0 ||
@@ -236,6 +242,7 @@ parse_transport(const char *s, char *out)
 typedef struct {
     llmdd__options o;
     const char *token; /* llm.AuthToken, copied once every value is good */
+    bool max_links_auto;
 } opt_apply;
 
 static llmdd_status
@@ -296,6 +303,7 @@ opt_auth_token(opt_apply *a, const char *v)
 static llmdd_status
 opt_max_links(opt_apply *a, const char *v)
 {
+    a->max_links_auto = strcmp(v, "auto") == 0;
     return parse_max_links(v, &a->o.max_links);
 }
 
@@ -357,7 +365,9 @@ static const struct {
      opt_auth_token},
     {{LLMDD_OPT_MAX_LINKS, "auto or 1..65535", "auto", "auto",
       "links a listening instance serves at once; more are refused with "
-      "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / 8, 16..1024)"},
+      "LLM_CLUSTER_NUM_EXCEED_LIMIT (auto: (fd limit - 64) / the fds a "
+      "link holds with llm.TcpLanes = N, 2N + 4 and at least 8, N = 4 for "
+      "auto; 16..1024)"},
      opt_max_links},
     {{LLMDD_OPT_TCP_LANES, "auto or 1..16", "auto", "auto",
       "TCP connections each tcp link stripes its transfers over (auto: the "
@@ -385,6 +395,15 @@ llmdd_option_info(size_t index)
     return index < OPT_N ? &opt_table[index].doc : NULL;
 }
 
+/* What depends on several keys, once all are applied. */
+static void
+options_resolve(opt_apply *a)
+{
+    a->o.max_links_auto = a->max_links_auto;
+    if (a->max_links_auto)
+        a->o.max_links = llmdd__max_links_auto(a->o.tcp_lanes);
+}
+
 void
 llmdd__options_init(llmdd__options *o)
 {
@@ -396,6 +415,7 @@ llmdd__options_init(llmdd__options *o)
         if (opt_table[i].parse != NULL &&
             opt_table[i].doc.default_value != NULL)
             (void)opt_table[i].parse(&a, opt_table[i].doc.default_value);
+    options_resolve(&a);
     *o = a.o;
 }
 
@@ -403,7 +423,7 @@ llmdd_status
 llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
 {
     static atomic_bool logged[OPT_N];
-    opt_apply a = {.o = *o, .token = NULL};
+    opt_apply a = {.o = *o, .token = NULL, .max_links_auto = o->max_links_auto};
     llmdd_status st;
 
     if (n > 0 && options == NULL)
@@ -430,6 +450,7 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
             return st;
         }
     }
+    options_resolve(&a);
     if (a.token != NULL) {
         char *copy = strdup(a.token);
         if (copy == NULL)

@@ -29,6 +29,8 @@
 #define LLMDD_TRANSPORT_NAME_MAX 16
 #define LLMDD_MAX_LINKS_MAX 65535u
 #define LLMDD_TCP_LANES_MAX 16
+/* llm.TcpLanes=auto to a peer that is not on loopback (tcp.c) */
+#define LLMDD__TCP_LANES_AUTO 4
 
 typedef struct {
     uint64_t memory_size; /* bytes, a multiple of the page */
@@ -48,14 +50,16 @@ typedef struct {
     char *auth_token;                         /* NULL: none; owned */
     uint32_t max_links; /* links a server accepts; see llmdd__max_links_auto */
     int tcp_lanes;      /* llm.TcpLanes: 1..LLMDD_TCP_LANES_MAX; 0: auto */
+    bool max_links_auto; /* llm.MaxLinks=auto: max_links follows tcp_lanes */
 } llmdd__options;
 
 /*
- * llm.MaxLinks=auto: what the fd limit allows, counting 8 descriptors a link
- * (control, data connections, shm socket) and keeping 64 for the
- * application; 16..1024.
+ * llm.MaxLinks=auto: what the fd limit allows, keeping 64 for the
+ * application and counting what a link holds with tcp_lanes (0: auto, as
+ * to a remote peer): the control connection, N + 1 data connections each
+ * way, shm's socket; at least 8. 16..1024.
  */
-uint32_t llmdd__max_links_auto(void);
+uint32_t llmdd__max_links_auto(int tcp_lanes);
 
 /* Every key at its documented default. */
 void llmdd__options_init(llmdd__options *o);

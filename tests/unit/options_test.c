@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -553,6 +554,42 @@ test_max_links_values(void **state)
 }
 
 /*
+ * llm.MaxLinks=auto counts the descriptors a link holds with the lanes
+ * llm.TcpLanes gives it (2N + 4, at least 8), whichever key comes first;
+ * a number stays a number.
+ */
+static void
+test_max_links_follow_lanes(void **state)
+{
+    struct rlimit old, rl;
+
+    (void)state;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    rl = old;
+    rl.rlim_cur = 1024 < old.rlim_max ? 1024 : old.rlim_max;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur == 1024) {
+        assert_int_equal(llmdd__max_links_auto(1), (1024 - 64) / 8);
+        assert_int_equal(llmdd__max_links_auto(0), (1024 - 64) / 12);
+        assert_int_equal(llmdd__max_links_auto(16), (1024 - 64) / 36);
+    }
+    llmdd__options o;
+    llmdd__options_init(&o);
+    assert_int_equal(o.max_links, llmdd__max_links_auto(0));
+    llmdd_option lanes16[] = {{"llm.MaxLinks", "auto"}, {"llm.TcpLanes", "16"}};
+    assert_int_equal(llmdd__options_apply(&o, lanes16, 2), LLM_SUCCESS);
+    assert_int_equal(o.max_links, llmdd__max_links_auto(16));
+    llmdd_option lanes1 = {"llm.TcpLanes", "1"};
+    assert_int_equal(llmdd__options_apply(&o, &lanes1, 1), LLM_SUCCESS);
+    assert_int_equal(o.max_links, llmdd__max_links_auto(1));
+    llmdd_option fixed[] = {{"llm.MaxLinks", "300"}, {"llm.TcpLanes", "16"}};
+    assert_int_equal(llmdd__options_apply(&o, fixed, 2), LLM_SUCCESS);
+    assert_int_equal(o.max_links, 300);
+    llmdd__options_fini(&o);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+}
+
+/*
  * The table of keys (llmdd_option_info): every key documented once, with
  * its words, and its default a value llmdd_initialize takes; the defaults
  * are what an instance uses when the key is not given.
@@ -605,7 +642,7 @@ test_option_info(void **state)
     llmdd__options_init(&b);
     assert_int_equal(a.wait_ms, 1000);
     assert_string_equal(a.transport, "auto");
-    assert_int_equal(a.max_links, llmdd__max_links_auto());
+    assert_int_equal(a.max_links, llmdd__max_links_auto(0));
     assert_int_equal(a.tcp_lanes, 0);
     for (size_t i = 0; i < n; i++) {
         d = llmdd_option_info(i);
@@ -669,6 +706,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_initialize_valid_options),
         cmocka_unit_test(test_transport_values),
         cmocka_unit_test(test_max_links_values),
+        cmocka_unit_test(test_max_links_follow_lanes),
         cmocka_unit_test(test_listen_port_zero),
         cmocka_unit_test(test_option_info),
         cmocka_unit_test(test_tcp_lanes_values),

@@ -17,9 +17,8 @@
  * exists and a second flow only competes for the same cores; four to any
  * other, which is what reached 99.5% of a 23 GB/s NIC (one flow: 46%) and
  * several times a cloud's per-flow cap (BENCHMARKS.md), at three more
- * connections a link.
+ * connections a link (LLMDD__TCP_LANES_AUTO, core/options.h).
  */
-#define TCP_LANES_AUTO 4
 
 static bool
 tcp_loopback(const llmdd__sockaddr *a)
@@ -44,7 +43,7 @@ tcp_lanes(const llmdd__link *link)
     pthread_mutex_unlock(&link->dd->lock);
     if (lanes > 0)
         return lanes;
-    return tcp_loopback(&link->peer.addr) ? 1 : TCP_LANES_AUTO;
+    return tcp_loopback(&link->peer.addr) ? 1 : LLMDD__TCP_LANES_AUTO;
 }
 
 static llmdd_status
