@@ -79,10 +79,11 @@ static const char bench_usage[] =
     "      --rounds N          run the whole sweep N times (1..100,\n"
     "                          default 1), row and baseline again each\n"
     "                          time; rows then show the medians of the\n"
-    "                          rounds, the ratio's the median of each\n"
+    "                          rounds, the ratio as the median of each\n"
     "                          round's own ratio, with its lowest and\n"
     "                          highest (the plot: medians, bars from the\n"
-    "                          lowest to the highest round)\n"
+    "                          lowest to the highest round); pull, push\n"
+    "                          and pull-blocks\n"
     "      --warmup N          untimed calls first (default: one pass over\n"
     "                          the cache and at least 16 MiB, 1..20000\n"
     "                          calls; iters/10 for link)\n"
@@ -385,8 +386,8 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
     if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)
         return cli_usage_err("--inflight: only with --op pull-blocks");
     if (cfg->rounds > 1 && (cfg->op == BOP_LINK || cfg->op == BOP_LAYERWISE))
-        return cli_usage_err("--rounds: not with --op link or layerwise "
-                             "(their --iters are rounds already)");
+        return cli_usage_err("--rounds: only with --op pull, push or "
+                             "pull-blocks");
     if (cfg->rounds == 0)
         cfg->rounds = 1;
     if (cfg->op == BOP_LAYERWISE) {
