@@ -149,7 +149,8 @@ typedef struct {
     double compute_ms, push_ms, seq_ms, lw_ms, comp_ms, tail_ms, marks_ms;
     double preempt, layer_ms, ideal_ms;
     double ratio_seq, ratio_ideal;
-    /* --rounds > 1: the spread of the rounds the medians above come from */
+    /* The rounds the medians above come from, and their spread (one
+     * round: its own values) */
     uint32_t rounds;
     double gbps_lo, gbps_hi, base_lo, base_hi, ratio_lo, ratio_hi;
 } bench_result;

@@ -321,12 +321,8 @@ bench_write_csv(const bench_cfg *cfg, const bench_result *rows, size_t n)
                 r->per_call, r->bytes_per_call, r->iters, r->gbps, r->p50,
                 r->p99, r->blocks_per_s, bench_bases[r->base], r->base_gbps,
                 r->base_p50, r->ratio, r->best_gbps, r->ratio_best, r->rounds,
-                r->rounds > 1 ? r->gbps_lo : r->gbps,
-                r->rounds > 1 ? r->gbps_hi : r->gbps,
-                r->rounds > 1 ? r->base_lo : r->base_gbps,
-                r->rounds > 1 ? r->base_hi : r->base_gbps,
-                r->rounds > 1 ? r->ratio_lo : r->ratio,
-                r->rounds > 1 ? r->ratio_hi : r->ratio);
+                r->gbps_lo, r->gbps_hi, r->base_lo, r->base_hi, r->ratio_lo,
+                r->ratio_hi);
         }
     }
     ok = !ferror(f);
@@ -441,15 +437,13 @@ bench_plot(const bench_cfg *cfg, const bench_result *rows, size_t n)
           "$data << EOD\n",
           gp);
     /* Columns: block, GB/s, its low and high, baseline GB/s, its low and
-     * high, p50; one round's low and high are its own value. */
+     * high, p50 (one round's low and high are its own value). */
     bool bars = cfg->rounds > 1;
     for (size_t i = 0; i < n; i++) {
         const bench_result *r = &rows[i];
         fprintf(gp, "%" PRIu64 " %.6f %.6f %.6f %.6f %.6f %.6f %.3f\n",
-                r->block, r->gbps, bars ? r->gbps_lo : r->gbps,
-                bars ? r->gbps_hi : r->gbps, r->base_gbps,
-                bars ? r->base_lo : r->base_gbps,
-                bars ? r->base_hi : r->base_gbps, r->p50);
+                r->block, r->gbps, r->gbps_lo, r->gbps_hi, r->base_gbps,
+                r->base_lo, r->base_hi, r->p50);
     }
     const char *style = bars ? "yerrorlines" : "linespoints";
     fprintf(gp,
