@@ -82,8 +82,8 @@ static const char bench_usage[] =
     "                          rounds, the ratio as the median of each\n"
     "                          round's own ratio, with its lowest and\n"
     "                          highest (the plot: medians, bars from the\n"
-    "                          lowest to the highest round); pull, push\n"
-    "                          and pull-blocks\n"
+    "                          lowest to the highest round; --json: each\n"
+    "                          round too); pull, push and pull-blocks\n"
     "      --warmup N          untimed calls first (default: one pass over\n"
     "                          the cache and at least 16 MiB, 1..20000\n"
     "                          calls; iters/10 for link)\n"
@@ -1005,7 +1005,7 @@ cli_bench(int argc, char **argv)
                               : "",
                cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
     rc = CLI_EXIT_OK;
-    if (cfg.json != NULL && !bench_write_json(&cfg, rows, nrows))
+    if (cfg.json != NULL && !bench_write_json(&cfg, rows, nrows, runs))
         rc = CLI_EXIT_FAIL;
     if (cfg.csv != NULL && !bench_write_csv(&cfg, rows, nrows))
         rc = CLI_EXIT_FAIL;

@@ -193,7 +193,9 @@ int bench_base_kind(const bench_cfg *cfg);
 const char *bench_base_label(int kind);
 void bench_print_header(const bench_cfg *cfg);
 void bench_print_row(const bench_cfg *cfg, const bench_result *r);
-bool bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n);
+/* runs: every round's rows, round after round (cfg->rounds x n). */
+bool bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n,
+                      const bench_result *runs);
 bool bench_write_csv(const bench_cfg *cfg, const bench_result *rows, size_t n);
 bool bench_plot(const bench_cfg *cfg, const bench_result *rows, size_t n);
 

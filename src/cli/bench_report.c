@@ -148,7 +148,8 @@ bench_iso_date(char *buf, size_t cap)
 }
 
 bool
-bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
+bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n,
+                 const bench_result *runs)
 {
     cJSON *root = cJSON_CreateObject(), *c, *h, *arr;
     struct utsname u;
@@ -236,6 +237,20 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n)
                 cJSON_AddNumberToObject(sp, "baseline_gbps_max", r->base_hi);
                 cJSON_AddNumberToObject(sp, "ratio_min", r->ratio_lo);
                 cJSON_AddNumberToObject(sp, "ratio_max", r->ratio_hi);
+            }
+            /* Each round as measured, in the order they ran. */
+            cJSON *pr = cJSON_AddArrayToObject(o, "per_round");
+            for (uint32_t k = 0; pr != NULL && k < r->rounds; k++) {
+                const bench_result *q = &runs[(size_t)k * n + i];
+                cJSON *e = cJSON_CreateObject();
+                if (e == NULL)
+                    goto out;
+                cJSON_AddItemToArray(pr, e);
+                cJSON_AddNumberToObject(e, "gbps", q->gbps);
+                cJSON_AddNumberToObject(e, "p50_us", q->p50);
+                cJSON_AddNumberToObject(e, "baseline_gbps", q->base_gbps);
+                cJSON_AddNumberToObject(e, "baseline_p50_us", q->base_p50);
+                cJSON_AddNumberToObject(e, "ratio", q->ratio);
             }
         }
         cJSON_AddNumberToObject(o, "blocks", r->per_call);

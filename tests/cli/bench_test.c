@@ -325,6 +325,16 @@ test_bench_rounds(void **state)
         double b = num(obj(row, "baseline"), "gbps");
         assert_true(num(sp, "baseline_gbps_min") <= b &&
                     b <= num(sp, "baseline_gbps_max"));
+        /* The rounds themselves: the extremes are two of them. */
+        const cJSON *pr = obj(row, "per_round");
+        assert_int_equal(cJSON_GetArraySize(pr), 3);
+        bool lo = false, hi = false;
+        for (int k = 0; k < 3; k++) {
+            double rk = num(cJSON_GetArrayItem(pr, k), "ratio");
+            lo = lo || rk == num(sp, "ratio_min");
+            hi = hi || rk == num(sp, "ratio_max");
+        }
+        assert_true(lo && hi);
     }
     char *text = cu_read_file(csv, NULL);
     assert_non_null(text);
