@@ -45,8 +45,8 @@ static const char bench_usage[] =
     "baseline measured in the same run: one thread's memcpy of the same\n"
     "bytes (loop, shm, ucx), or one raw TCP loopback connection between two\n"
     "processes moving the same bytes per request, both cycling through as\n"
-    "much memory as the row's caches (tcp; auto when shm and ucx are not\n"
-    "built in). Next to memcpy, the best copy: the faster of memcpy and a\n"
+    "much memory as the row's caches, the connection kept for the whole\n"
+    "run as a link's are (tcp; auto when shm and ucx are not built in). Next to memcpy, the best copy: the faster of memcpy and a\n"
     "copy with non-temporal stores of the same bytes, and the ratio to it\n"
     "(vs best).\n"
     "\n"
@@ -1017,6 +1017,8 @@ cli_bench(int argc, char **argv)
     }
 out:
     fflush(stdout);
+    if (!bench_base_tcp_stop())
+        rc = CLI_EXIT_FAIL;
     for (uint32_t i = 0; i < started; i++)
         if (cli_node_stop(&decs[i]) != 0)
             rc = CLI_EXIT_FAIL;

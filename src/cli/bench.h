@@ -186,6 +186,8 @@ bool bench_base_memcpy(const bench_cmd *c, bench_bufs *bufs, bool nt,
                        bench_base_result *out);
 bool bench_base_tcp(const bench_cmd *c, uint64_t per_call,
                     bench_base_result *out);
+/* Ends the raw-TCP baseline's connection and sender; false if it failed. */
+bool bench_base_tcp_stop(void);
 
 /* ---- bench_report.c ---- */
 

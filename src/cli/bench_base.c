@@ -277,8 +277,6 @@ out:
 
 typedef struct {
     uint16_t port;
-    uint64_t bytes; /* per call */
-    uint64_t slots; /* calls cycle through this many buffers of bytes */
 } bench_tcp_arg;
 
 static void
@@ -288,9 +286,26 @@ bench_nodelay(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+/* Whole reads and writes on the baseline's blocking socket. */
+static bool
+bench_io(int fd, void *buf, size_t len, bool out)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = out ? send(fd, (uint8_t *)buf + off, len - off, MSG_NOSIGNAL)
+                        : recv(fd, (uint8_t *)buf + off, len - off, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        off += (size_t)k;
+    }
+    return true;
+}
+
 /*
- * The raw-TCP sender: answers each one-byte request with `bytes` bytes, from
- * the next of `slots` buffers, as the prompt serves the next slot.
+ * The raw-TCP sender. Each request is two u64 (host order, one host):
+ * {off, len} asks for len bytes of its buffer from off; {size, 0} makes the
+ * buffer size bytes of filler, answered with one byte.
  */
 static int
 bench_tcp_sender(void *arg, int in_fd, int out_fd)
@@ -299,35 +314,33 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons(a->port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    uint8_t *buf = malloc(a->bytes * a->slots);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    uint8_t *buf = NULL;
+    uint64_t size = 0, req[2];
     int rc = CLI_EXIT_FAIL;
-    char req;
 
     (void)in_fd;
     (void)out_fd;
-    if (buf == NULL || fd < 0 ||
-        connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
         goto out;
-    memset(buf, 0x5a, a->bytes * a->slots);
     bench_nodelay(fd);
-    for (uint64_t i = 0;; i++) {
-        ssize_t k = recv(fd, &req, 1, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        const uint8_t *slot = buf + i % a->slots * a->bytes;
-        for (uint64_t off = 0; off < a->bytes;) {
-            ssize_t s = send(fd, slot + off, a->bytes - off, MSG_NOSIGNAL);
-            if (s < 0 && errno == EINTR)
-                continue;
-            if (s <= 0)
+    while (bench_io(fd, req, sizeof(req), false)) {
+        if (req[1] == 0) {
+            uint8_t *nb = realloc(buf, req[0] > 0 ? req[0] : 1);
+            if (nb == NULL)
                 goto out;
-            off += (uint64_t)s;
+            buf = nb;
+            size = req[0];
+            memset(buf, 0x5a, size);
+            uint8_t ack = 1;
+            if (!bench_io(fd, &ack, 1, true))
+                goto out;
+        } else if (req[0] > size || req[1] > size - req[0] ||
+                   !bench_io(fd, buf + req[0], req[1], true)) {
+            goto out;
         }
     }
-    rc = CLI_EXIT_OK;
+    rc = CLI_EXIT_OK; /* end of file: the bench is done */
 out:
     if (fd >= 0)
         close(fd);
@@ -336,64 +349,109 @@ out:
 }
 
 /*
- * The raw-TCP baseline: per call, this process asks for the bytes of one
- * call with one byte and receives them into a preallocated buffer from a
- * sender process over one loopback connection. Both sides cycle through as
- * much memory as the row's caches hold, a call's worth at a time, as the
- * row's calls cycle through slots: a baseline kept in one cache-hot buffer
- * would be measuring the CPU cache, not TCP.
+ * The one raw TCP connection of a run, like llmdd's link: it lives from the
+ * first tcp baseline to the end of the run, so it carries the same TCP
+ * state from row to row (congestion control, pacing, buffers) as the
+ * link's data connections do. A connection opened afresh for every row
+ * would start each one in slow start, where BBR does not pace yet
+ * (BENCHMARKS.md).
  */
-bool
-bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
+static struct {
+    cli_node sender;
+    int fd;
+    bool up;
+} bench_tcp;
+
+static bool
+bench_tcp_connect(void)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t slen = sizeof(sa);
-    uint64_t slots = c->nslots * c->block * c->tensors / per_call;
-    bench_tcp_arg arg = {.bytes = per_call, .slots = slots > 0 ? slots : 1};
-    cli_node sender = {.cmd_fd = -1, .rep_fd = -1};
-    int64_t *samples = calloc(c->iters, sizeof(int64_t));
-    uint8_t *buf = malloc(per_call * arg.slots);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), fd = -1;
-    uint64_t timed = 0;
-    int64_t t0 = 0;
-    bool ok = false;
+    static bench_tcp_arg arg;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-    if (samples == NULL || buf == NULL || lfd < 0 ||
-        bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+    bench_tcp.fd = -1;
+    bench_tcp.sender = (cli_node){.cmd_fd = -1, .rep_fd = -1};
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
         listen(lfd, 1) != 0 ||
         getsockname(lfd, (struct sockaddr *)&sa, &slen) != 0) {
         cli_err("raw TCP baseline: %s", strerror(errno));
         goto out;
     }
-    memset(buf, 0xa5, per_call * arg.slots); /* non-zero: see bench_bufs_get */
     arg.port = ntohs(sa.sin_port);
-    if (cli_node_start(&sender, "raw TCP sender", false, bench_tcp_sender,
-                       &arg) != 0)
+    if (cli_node_start(&bench_tcp.sender, "raw TCP sender", false,
+                       bench_tcp_sender, &arg) != 0)
         goto out;
+    bench_tcp.up = true;
     struct pollfd pfd = {.fd = lfd, .events = POLLIN};
     if (poll(&pfd, 1, 10000) != 1 ||
-        (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+        (bench_tcp.fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
         cli_err("raw TCP baseline: the sender did not connect");
         goto out;
     }
-    bench_nodelay(fd);
+    bench_nodelay(bench_tcp.fd);
+out:
+    if (lfd >= 0)
+        close(lfd);
+    return bench_tcp.fd >= 0;
+}
+
+bool
+bench_base_tcp_stop(void)
+{
+    bool ok = true;
+
+    if (!bench_tcp.up)
+        return true;
+    if (bench_tcp.fd >= 0)
+        close(bench_tcp.fd); /* the sender sees end of file and exits */
+    if (cli_node_stop(&bench_tcp.sender) != 0)
+        ok = false;
+    bench_tcp.up = false;
+    return ok;
+}
+
+/*
+ * The raw-TCP baseline: per call, this process asks the sender process for
+ * the bytes of one call and receives them into a preallocated buffer, over
+ * the run's one loopback connection. Both sides cycle through as much
+ * memory as the row's caches hold, a call's worth at a time, as the row's
+ * calls cycle through slots: a baseline kept in one cache-hot buffer would
+ * be measuring the CPU cache, not TCP.
+ */
+bool
+bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
+{
+    uint64_t n = c->nslots * c->block * c->tensors / per_call;
+    uint64_t slots = n > 0 ? n : 1;
+    int64_t *samples = calloc(c->iters, sizeof(int64_t));
+    uint8_t *buf = malloc(per_call * slots);
+    uint64_t timed = 0, req[2] = {per_call * slots, 0};
+    int64_t t0 = 0;
+    uint8_t ack;
+    bool ok = false;
+
+    if (samples == NULL || buf == NULL) {
+        cli_err("raw TCP baseline: out of memory");
+        goto out;
+    }
+    if (!bench_tcp.up && !bench_tcp_connect())
+        goto out;
+    memset(buf, 0xa5, per_call * slots); /* non-zero: see bench_bufs_get */
+    if (!bench_io(bench_tcp.fd, req, sizeof(req), true) ||
+        !bench_io(bench_tcp.fd, &ack, 1, false))
+        goto io_err;
     for (uint64_t i = 0;; i++) {
         if (i >= c->warmup && bench_done(c, i - c->warmup, t0))
             break;
-        uint8_t *slot = buf + i % arg.slots * per_call;
+        uint64_t off = i % slots * per_call;
         int64_t t = cli_now_ns();
-        char req = 'r';
-        if (send(fd, &req, 1, MSG_NOSIGNAL) != 1)
+        req[0] = off;
+        req[1] = per_call;
+        if (!bench_io(bench_tcp.fd, req, sizeof(req), true) ||
+            !bench_io(bench_tcp.fd, buf + off, per_call, false))
             goto io_err;
-        for (uint64_t off = 0; off < per_call;) {
-            ssize_t k = recv(fd, slot + off, per_call - off, 0);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0)
-                goto io_err;
-            off += (uint64_t)k;
-        }
         int64_t now = cli_now_ns();
         if (i == c->warmup)
             t0 = t;
@@ -409,13 +467,8 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
     goto out;
 io_err:
     cli_err("raw TCP baseline: the connection failed: %s", strerror(errno));
+    bench_base_tcp_stop();
 out:
-    if (fd >= 0)
-        close(fd); /* the sender sees end of file and exits */
-    if (lfd >= 0)
-        close(lfd);
-    if (cli_node_stop(&sender) != 0)
-        ok = false;
     free(buf);
     free(samples);
     return ok;
