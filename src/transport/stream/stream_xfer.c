@@ -33,6 +33,25 @@ llmdd__stream_pool_put_idle(llmdd__stream *s, int fd)
 }
 
 /*
+ * s->lock held. Opens one more requester connection (client side), counted
+ * in nconns meanwhile, with the lock dropped for the connect. Returns the
+ * fd, or -1 (and it is no longer counted).
+ */
+static int
+pool_open(llmdd__stream *s, int64_t deadline)
+{
+    s->nconns++;
+    pthread_mutex_unlock(&s->lock);
+    int fd = llmdd__data_connect(s->link, 0, deadline);
+    if (fd >= 0)
+        llmdd__stream_conn_mode(fd, true);
+    pthread_mutex_lock(&s->lock);
+    if (fd < 0)
+        s->nconns--;
+    return fd;
+}
+
+/*
  * Takes an idle requester connection, opening one (client side) when the
  * pool is short. Returns the fd or -1 with *st set.
  */
@@ -53,17 +72,9 @@ pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
             break;
         }
         if (link->client && s->nconns < s->nfwd) {
-            s->nconns++;
-            pthread_mutex_unlock(&s->lock);
-            fd = llmdd__data_connect(link, 0, deadline);
-            if (fd >= 0)
-                llmdd__stream_conn_mode(fd, true);
-            pthread_mutex_lock(&s->lock);
-            if (fd < 0) {
-                s->nconns--;
+            if ((fd = pool_open(s, deadline)) < 0)
                 *st = llmdd__now_ms() >= deadline ? LLM_TIMEOUT
                                                   : LLM_NOT_YET_LINK;
-            }
             break;
         }
         if (llmdd__now_ms() >= deadline) {
@@ -363,16 +374,8 @@ pool_take_more(llmdd__stream *s, int *fds, int max, int64_t deadline)
         if (s->nidle > 0) {
             fd = s->idle[--s->nidle];
         } else if (link->client && s->nconns < s->nfwd) {
-            s->nconns++;
-            pthread_mutex_unlock(&s->lock);
-            fd = llmdd__data_connect(link, 0, deadline);
-            if (fd >= 0)
-                llmdd__stream_conn_mode(fd, true);
-            pthread_mutex_lock(&s->lock);
-            if (fd < 0) {
-                s->nconns--;
+            if ((fd = pool_open(s, deadline)) < 0)
                 break;
-            }
         } else {
             break;
         }
