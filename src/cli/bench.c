@@ -637,15 +637,16 @@ bench_median(double *v, size_t n)
     return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* The median, lowest and highest of field f over n rounds of one row. */
+/* The median, lowest and highest of one double field (its offset in
+ * bench_result) over n rounds of one row. */
 static double
-bench_spread(const bench_result *runs, size_t n, size_t stride,
-             double (*f)(const bench_result *), double *lo, double *hi)
+bench_spread(const bench_result *runs, size_t n, size_t stride, size_t field,
+             double *lo, double *hi)
 {
     double v[100];
 
     for (size_t i = 0; i < n; i++)
-        v[i] = f(&runs[i * stride]);
+        memcpy(&v[i], (const char *)&runs[i * stride] + field, sizeof(v[i]));
     double m = bench_median(v, n); /* sorts v */
     if (lo != NULL)
         *lo = v[0];
@@ -654,23 +655,13 @@ bench_spread(const bench_result *runs, size_t n, size_t stride,
     return m;
 }
 
-static double f_gbps(const bench_result *r) { return r->gbps; }
-static double f_p50(const bench_result *r) { return r->p50; }
-static double f_p99(const bench_result *r) { return r->p99; }
-static double f_bps(const bench_result *r) { return r->blocks_per_s; }
-static double f_base(const bench_result *r) { return r->base_gbps; }
-static double f_base_p50(const bench_result *r) { return r->base_p50; }
-static double f_base_p99(const bench_result *r) { return r->base_p99; }
-static double f_best(const bench_result *r) { return r->best_gbps; }
-static double f_ratio(const bench_result *r) { return r->ratio; }
-static double f_ratio_best(const bench_result *r) { return r->ratio_best; }
-static double f_post(const bench_result *r) { return r->post_ns; }
-
 /*
  * One row from its n rounds (runs[0], runs[stride], ...): the median of
  * each measure, the ratios the medians of each round's own ratio (a round's
  * row and baseline ran minutes apart from the next round's).
  */
+#define F(field) offsetof(bench_result, field)
+
 static void
 bench_aggregate(const bench_result *runs, size_t n, size_t stride,
                 bench_result *out)
@@ -683,21 +674,23 @@ bench_aggregate(const bench_result *runs, size_t n, size_t stride,
         out->calls += runs[i * stride].calls;
         out->iters += runs[i * stride].iters; /* over all rounds */
     }
-    out->gbps = bench_spread(runs, n, stride, f_gbps, &out->gbps_lo,
-                             &out->gbps_hi);
-    out->p50 = bench_spread(runs, n, stride, f_p50, NULL, NULL);
-    out->p99 = bench_spread(runs, n, stride, f_p99, NULL, NULL);
-    out->blocks_per_s = bench_spread(runs, n, stride, f_bps, NULL, NULL);
-    out->base_gbps = bench_spread(runs, n, stride, f_base, &out->base_lo,
+    out->gbps =
+        bench_spread(runs, n, stride, F(gbps), &out->gbps_lo, &out->gbps_hi);
+    out->p50 = bench_spread(runs, n, stride, F(p50), NULL, NULL);
+    out->p99 = bench_spread(runs, n, stride, F(p99), NULL, NULL);
+    out->blocks_per_s =
+        bench_spread(runs, n, stride, F(blocks_per_s), NULL, NULL);
+    out->base_gbps = bench_spread(runs, n, stride, F(base_gbps), &out->base_lo,
                                   &out->base_hi);
-    out->base_p50 = bench_spread(runs, n, stride, f_base_p50, NULL, NULL);
-    out->base_p99 = bench_spread(runs, n, stride, f_base_p99, NULL, NULL);
-    out->best_gbps = bench_spread(runs, n, stride, f_best, NULL, NULL);
-    out->ratio = bench_spread(runs, n, stride, f_ratio, &out->ratio_lo,
-                              &out->ratio_hi);
-    out->ratio_best = bench_spread(runs, n, stride, f_ratio_best, NULL, NULL);
-    out->post_ns = bench_spread(runs, n, stride, f_post, NULL, NULL);
+    out->base_p50 = bench_spread(runs, n, stride, F(base_p50), NULL, NULL);
+    out->base_p99 = bench_spread(runs, n, stride, F(base_p99), NULL, NULL);
+    out->best_gbps = bench_spread(runs, n, stride, F(best_gbps), NULL, NULL);
+    out->ratio =
+        bench_spread(runs, n, stride, F(ratio), &out->ratio_lo, &out->ratio_hi);
+    out->ratio_best = bench_spread(runs, n, stride, F(ratio_best), NULL, NULL);
+    out->post_ns = bench_spread(runs, n, stride, F(post_ns), NULL, NULL);
 }
+#undef F
 
 /*
  * One row of --op layerwise. The ideal of a round is max(its compute, its
@@ -972,8 +965,8 @@ cli_bench(int argc, char **argv)
                     bench_print_row(&cfg, res);
             }
             if (cfg.rounds > 1) {
-                printf("  round %" PRIu32 " of %" PRIu32 " done, %s\n",
-                       k + 1, cfg.rounds,
+                printf("  round %" PRIu32 " of %" PRIu32 " done, %s\n", k + 1,
+                       cfg.rounds,
                        cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
                 fflush(stdout);
             }

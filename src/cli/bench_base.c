@@ -198,6 +198,17 @@ bench_fence(void)
 #endif
 }
 
+/* A baseline's result from its timed calls' samples (sorted here). */
+static void
+bench_base_stats(int64_t *samples, uint64_t timed, uint64_t per_call,
+                 int64_t elapsed_ns, bench_base_result *out)
+{
+    qsort(samples, timed, sizeof(int64_t), bench_cmp_i64);
+    out->gbps = cli_gbps(per_call * timed, elapsed_ns);
+    out->p50 = bench_pct(samples, timed, 0.50);
+    out->p99 = bench_pct(samples, timed, 0.99);
+}
+
 /*
  * The memcpy baseline: the same bytes, in the same pattern, one thread,
  * with memcpy or (nt) the streamed copy, fenced once per call.
@@ -258,13 +269,9 @@ bench_base_memcpy(const bench_cmd *c, bench_bufs *bufs, bool nt,
         if (i >= c->warmup)
             samples[timed++] = now - t;
     }
-    int64_t el = cli_now_ns() - t0;
     uint64_t per_call = c->op == BOP_PULL_BLOCKS ? c->block * c->per_call
                                                  : c->block * c->tensors;
-    qsort(samples, timed, sizeof(int64_t), bench_cmp_i64);
-    out->gbps = cli_gbps(per_call * timed, el);
-    out->p50 = bench_pct(samples, timed, 0.50);
-    out->p99 = bench_pct(samples, timed, 0.99);
+    bench_base_stats(samples, timed, per_call, cli_now_ns() - t0, out);
     ok = true;
 out:
     if (!ok)
@@ -284,22 +291,6 @@ bench_nodelay(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-/* Whole reads and writes on the baseline's blocking socket. */
-static bool
-bench_io(int fd, void *buf, size_t len, bool out)
-{
-    for (size_t off = 0; off < len;) {
-        ssize_t k = out ? send(fd, (uint8_t *)buf + off, len - off, MSG_NOSIGNAL)
-                        : recv(fd, (uint8_t *)buf + off, len - off, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return false;
-        off += (size_t)k;
-    }
-    return true;
 }
 
 /*
@@ -324,7 +315,7 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
         goto out;
     bench_nodelay(fd);
-    while (bench_io(fd, req, sizeof(req), false)) {
+    while (cli_read_full(fd, req, sizeof(req)) == 0) {
         if (req[1] == 0) {
             uint8_t *nb = realloc(buf, req[0] > 0 ? req[0] : 1);
             if (nb == NULL)
@@ -333,10 +324,10 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
             size = req[0];
             memset(buf, 0x5a, size);
             uint8_t ack = 1;
-            if (!bench_io(fd, &ack, 1, true))
+            if (cli_write_full(fd, &ack, 1) != 0)
                 goto out;
         } else if (req[0] > size || req[1] > size - req[0] ||
-                   !bench_io(fd, buf + req[0], req[1], true)) {
+                   cli_write_full(fd, buf + req[0], req[1]) != 0) {
             goto out;
         }
     }
@@ -439,8 +430,8 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
     if (!bench_tcp.up && !bench_tcp_connect())
         goto out;
     memset(buf, 0xa5, per_call * slots); /* non-zero: see bench_bufs_get */
-    if (!bench_io(bench_tcp.fd, req, sizeof(req), true) ||
-        !bench_io(bench_tcp.fd, &ack, 1, false))
+    if (cli_write_full(bench_tcp.fd, req, sizeof(req)) != 0 ||
+        cli_read_full(bench_tcp.fd, &ack, 1) != 0)
         goto io_err;
     for (uint64_t i = 0;; i++) {
         if (i >= c->warmup && bench_done(c, i - c->warmup, t0))
@@ -449,8 +440,8 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
         int64_t t = cli_now_ns();
         req[0] = off;
         req[1] = per_call;
-        if (!bench_io(bench_tcp.fd, req, sizeof(req), true) ||
-            !bench_io(bench_tcp.fd, buf + off, per_call, false))
+        if (cli_write_full(bench_tcp.fd, req, sizeof(req)) != 0 ||
+            cli_read_full(bench_tcp.fd, buf + off, per_call) != 0)
             goto io_err;
         int64_t now = cli_now_ns();
         if (i == c->warmup)
@@ -458,11 +449,7 @@ bench_base_tcp(const bench_cmd *c, uint64_t per_call, bench_base_result *out)
         if (i >= c->warmup)
             samples[timed++] = now - t;
     }
-    int64_t el = cli_now_ns() - t0;
-    qsort(samples, timed, sizeof(int64_t), bench_cmp_i64);
-    out->gbps = cli_gbps(per_call * timed, el);
-    out->p50 = bench_pct(samples, timed, 0.50);
-    out->p99 = bench_pct(samples, timed, 0.99);
+    bench_base_stats(samples, timed, per_call, cli_now_ns() - t0, out);
     ok = true;
     goto out;
 io_err:

@@ -340,6 +340,9 @@ typedef struct {
 #define CLI_MSG_MAX (64u << 20)
 
 /* Sends one message: a header and the concatenation of a and b. */
+/* Whole reads and writes on a blocking fd (EINTR retried); 0 or -1. */
+int cli_read_full(int fd, void *p, size_t len);
+int cli_write_full(int fd, const void *p, size_t len);
 int cli_msg_send(int fd, uint32_t type, const void *a, size_t alen,
                  const void *b, size_t blen);
 /* Receives one message; *payload is malloc'd (NULL when empty). 0 on

@@ -200,8 +200,8 @@ cli_node_stop(cli_node *n)
     return rc;
 }
 
-static int
-cm_write_full(int fd, const void *p, size_t len)
+int
+cli_write_full(int fd, const void *p, size_t len)
 {
     const uint8_t *b = p;
 
@@ -217,8 +217,8 @@ cm_write_full(int fd, const void *p, size_t len)
     return 0;
 }
 
-static int
-cm_read_full(int fd, void *p, size_t len)
+int
+cli_read_full(int fd, void *p, size_t len)
 {
     uint8_t *b = p;
 
@@ -242,9 +242,9 @@ cli_msg_send(int fd, uint32_t type, const void *a, size_t alen, const void *b,
 
     if (h.len > CLI_MSG_MAX)
         return -1;
-    if (cm_write_full(fd, &h, sizeof(h)) != 0 ||
-        (alen > 0 && cm_write_full(fd, a, alen) != 0) ||
-        (blen > 0 && cm_write_full(fd, b, blen) != 0))
+    if (cli_write_full(fd, &h, sizeof(h)) != 0 ||
+        (alen > 0 && cli_write_full(fd, a, alen) != 0) ||
+        (blen > 0 && cli_write_full(fd, b, blen) != 0))
         return -1;
     return 0;
 }
@@ -255,11 +255,11 @@ cli_msg_recv(int fd, uint32_t *type, void **payload, size_t *len)
     cli_msg_hdr h;
     void *p = NULL;
 
-    if (cm_read_full(fd, &h, sizeof(h)) != 0 || h.len > CLI_MSG_MAX)
+    if (cli_read_full(fd, &h, sizeof(h)) != 0 || h.len > CLI_MSG_MAX)
         return -1;
     if (h.len > 0) {
         p = malloc(h.len);
-        if (p == NULL || cm_read_full(fd, p, h.len) != 0) {
+        if (p == NULL || cli_read_full(fd, p, h.len) != 0) {
             free(p);
             return -1;
         }
