@@ -41,6 +41,7 @@ int64_t llmdd__now_ms(void);
  * lock, so a socket is shut down only while its thread is inside the call,
  * never after it went on to close the fd.
  */
+/* One request's threads blocked at once: up to 16 tcp lanes, with room. */
 #define LLMDD__CANCEL_ARMED_MAX 20
 typedef struct {
     int fd; /* eventfd, readable once cancelled */

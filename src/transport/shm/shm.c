@@ -53,8 +53,8 @@
  *    by its end the owner had half-closed the socket: the copy may have
  *    met memory that was no longer leased. (It looks at the socket at most
  *    every SHM_BYE_MS / 4: a copy that ended sooner after the socket was
- *    seen open ran on leased memory all the same.) Registered (CMA) memory cannot
- *    be held back; the peer checks the socket between CMA batches.
+ *    seen open ran on leased memory all the same.) Registered (CMA) memory
+ *    cannot be held back; the peer checks the socket between CMA batches.
  *  - Seals. Memfds are sealed against size changes before they are passed
  *    (core/cache.c): a peer that shrank one would make the owner die of
  *    SIGBUS. The peer maps only memfds sealed against shrinking.

@@ -28,7 +28,8 @@
  * Waiting: where a reply is due, the requester blocks in recvmsg itself
  * rather than in poll and then recvmsg, and an idle serving thread blocks
  * in recv for the next request: one wake-up and one system call fewer per
- * wait, about a tenth of a small pull's round trip. Data connections are in
+ * wait (a 4 KiB pull: 4 system calls, as a raw round trip; it was 7; see
+ * BENCHMARKS.md). Data connections are in
  * blocking mode (llmdd__stream_conn_mode; every other call passes
  * MSG_DONTWAIT). What would have woken the poll cuts the socket instead:
  * the link's shutdown (stream_shutdown), a cache's removal, a cancel (the
@@ -70,8 +71,8 @@ llmdd__stream_conn_mode(int fd, bool requester)
 /*
  * A requester's recvmsg that waits for data: blocked in the call for up to
  * a slice when more than that is left (cut by a cancel, the link's
- * shutdown), then in llmdd__wait_fd up to the deadline. Returns the bytes received, 0 at end
- * of stream, -1 on error, timeout, stop or cancel.
+ * shutdown), then in llmdd__wait_fd up to the deadline. Returns the bytes
+ * received, 0 at end of stream, -1 on error, timeout, stop or cancel.
  */
 static ssize_t
 recv_wait(llmdd *dd, int fd, struct msghdr *mh, int64_t deadline)
@@ -625,8 +626,7 @@ llmdd__stream_accept(llmdd__stream *s, int fd, uint32_t flags)
         if (room) {
             llmdd__stream_conn_mode(fd, true);
             llmdd__stream_pool_put_idle(s, fd);
-        }
-        else
+        } else
             close(fd);
         return;
     }
