@@ -256,12 +256,57 @@ err:
     return -1;
 }
 
+bool
+llmdd__sockaddr_loopback(const llmdd__sockaddr *a)
+{
+    if (a->addr.ss_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a->addr;
+        return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (a->addr.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
+        return IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
+    }
+    return false;
+}
+
+/*
+ * Whether fd's connection stays on this host: its peer is a loopback
+ * address, or the very address of this end (a host reaching one of its own
+ * addresses goes over loopback too).
+ */
+static bool
+sock_same_host(int fd)
+{
+    llmdd__sockaddr me = {.len = sizeof(me.addr)};
+    llmdd__sockaddr peer = {.len = sizeof(peer.addr)};
+
+    if (getsockname(fd, (struct sockaddr *)&me.addr, &me.len) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer.addr, &peer.len) != 0)
+        return false;
+    if (llmdd__sockaddr_loopback(&peer))
+        return true;
+    if (me.addr.ss_family != peer.addr.ss_family)
+        return false;
+    if (me.addr.ss_family == AF_INET)
+        return ((struct sockaddr_in *)&me.addr)->sin_addr.s_addr ==
+               ((struct sockaddr_in *)&peer.addr)->sin_addr.s_addr;
+    if (me.addr.ss_family == AF_INET6)
+        return IN6_ARE_ADDR_EQUAL(&((struct sockaddr_in6 *)&me.addr)->sin6_addr,
+                                  &((struct sockaddr_in6 *)&peer.addr)->sin6_addr);
+    return false;
+}
+
 void
 llmdd__sock_tune(int fd, bool keepalive)
 {
     int one = 1;
 
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* Where the system does not offer it, the default stays. */
+    if (sock_same_host(fd))
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, LLMDD__SAME_HOST_CC,
+                         sizeof(LLMDD__SAME_HOST_CC) - 1);
     if (keepalive) {
         int idle = 5, intvl = 2, cnt = 3;
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));

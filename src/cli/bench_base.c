@@ -286,11 +286,20 @@ typedef struct {
     uint16_t port;
 } bench_tcp_arg;
 
+/*
+ * Each end of the raw connection is set up as the library sets up a data
+ * connection within one host (llmdd__sock_tune): TCP_NODELAY and the cubic
+ * congestion control, so the ratio measures llmdd, not the system's choice
+ * between a pacing and a non-pacing one.
+ */
 static void
-bench_nodelay(int fd)
+bench_sock_setup(int fd)
 {
+    static const char cc[] = "cubic";
     int one = 1;
+
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, sizeof(cc) - 1);
 }
 
 /*
@@ -314,7 +323,7 @@ bench_tcp_sender(void *arg, int in_fd, int out_fd)
     (void)out_fd;
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
         goto out;
-    bench_nodelay(fd);
+    bench_sock_setup(fd);
     while (cli_read_full(fd, req, sizeof(req)) == 0) {
         if (req[1] == 0) {
             uint8_t *nb = realloc(buf, req[0] > 0 ? req[0] : 1);
@@ -381,7 +390,7 @@ bench_tcp_connect(void)
         cli_err("raw TCP baseline: the sender did not connect");
         goto out;
     }
-    bench_nodelay(bench_tcp.fd);
+    bench_sock_setup(bench_tcp.fd);
 out:
     if (lfd >= 0)
         close(lfd);

@@ -10,14 +10,20 @@
  * hash gives each connection a class of its own). A pull striped over 4
  * lanes must then beat one lane by far (llm.TcpLanes).
  *
+ * test_same_host_cc: a connection that stays on its host gets the cubic
+ * congestion control (base/net.h), one to another host keeps the system's.
+ *
  * Needs the rights to create namespaces (root or CAP_NET_ADMIN, as in CI);
  * without them it says why and exits 77 (skipped). The namespaces are named
  * after our pid and removed on every exit path, including SIGINT/SIGTERM;
  * leftovers of a killed run (whose pid is gone) are removed at start.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,6 +340,101 @@ lanes_check_main(char **argv)
     return four >= CAP_MIN_RATIO * one && autom >= CAP_MIN_RATIO * one ? 0 : 1;
 }
 
+/*
+ * Whether every TCP socket of this process whose peer is at ip uses the
+ * congestion control want, and there is at least one. Prints what differs.
+ */
+static bool
+cc_all(const char *ip, const char *want)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int seen = 0, other = 0;
+
+    if (d == NULL)
+        return false;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_in peer;
+        socklen_t plen = sizeof(peer);
+        char cc[32] = "", pip[INET_ADDRSTRLEN];
+        socklen_t cclen = sizeof(cc) - 1;
+
+        if (e->d_name[0] == '.' || fd == dirfd(d) ||
+            getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 ||
+            peer.sin_family != AF_INET ||
+            getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, &cclen) != 0 ||
+            inet_ntop(AF_INET, &peer.sin_addr, pip, sizeof(pip)) == NULL ||
+            strcmp(pip, ip) != 0)
+            continue;
+        seen++;
+        if (strcmp(cc, want) != 0) {
+            fprintf(stderr, "cc-check: fd %d to %s:%u: %s, not %s\n", fd,
+                    pip, ntohs(peer.sin_port), cc, want);
+            other++;
+        }
+    }
+    closedir(d);
+    if (seen == 0)
+        fprintf(stderr, "cc-check: no TCP connection to %s\n", ip);
+    return seen > 0 && other == 0;
+}
+
+/* Links dd to cluster id listening at ip:0 in this process, over tcp. */
+static llmdd *
+cc_link_local(llmdd *dd, uint64_t id, const char *ip)
+{
+    llmdd_option o = {"llm.Transport", "tcp"};
+    uint16_t port;
+    llmdd *p;
+
+    if (llmdd_create(id, LLMDD_ROLE_PROMPT, &p) != LLM_SUCCESS)
+        return NULL;
+    if (th_init_listen(p, ip, &port, &o, 1) != LLM_SUCCESS ||
+        th_link(dd, id, ip, port, 5000) != LLM_SUCCESS) {
+        llmdd_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+/*
+ * Run inside namespace B: --cc-check IP PORT. Makes reno B's default (the
+ * sysctl is the namespace's own), links over tcp to the peer at IP:PORT (on
+ * A), to a cluster of this process at 127.0.0.1 and to one at B's own
+ * address; only the two that stay on B's host must have moved to cubic.
+ */
+static int
+cc_check_main(char **argv)
+{
+    llmdd_option o = {"llm.Transport", "tcp"};
+    int fd = open("/proc/sys/net/ipv4/tcp_congestion_control", O_WRONLY);
+    llmdd *dd, *lo = NULL, *own = NULL;
+    int rc = 1;
+
+    if (fd < 0 || write(fd, "reno", 4) != 4) {
+        fprintf(stderr, "cc-check: cannot make reno the default\n");
+        return 1;
+    }
+    close(fd);
+    if (llmdd_create(MP_SELF, LLMDD_ROLE_DECODER, &dd) != LLM_SUCCESS ||
+        llmdd_initialize(dd, &o, 1) != LLM_SUCCESS)
+        return 1;
+    if (th_link(dd, 1, argv[2], (uint16_t)atoi(argv[3]), 5000) ==
+            LLM_SUCCESS &&
+        (lo = cc_link_local(dd, 2, "127.0.0.1")) != NULL &&
+        (own = cc_link_local(dd, 3, IP_B)) != NULL &&
+        cc_all(argv[2], "reno") && cc_all("127.0.0.1", "cubic") &&
+        cc_all(IP_B, "cubic"))
+        rc = 0;
+    llmdd_destroy(dd);
+    if (lo != NULL)
+        llmdd_destroy(lo);
+    if (own != NULL)
+        llmdd_destroy(own);
+    return rc;
+}
+
 /* Runs --pull-check inside namespace B; returns its exit status. */
 static int
 pull_from_b(const th_proc *p, const char *ip, const char *transport)
@@ -410,6 +511,25 @@ test_per_flow_cap(void **state)
     assert_int_equal(th_proc_stop(p), 0);
 }
 
+static void
+test_same_host_cc(void **state)
+{
+    const char *wrapper[] = {"ip", "netns", "exec", ns_a, NULL};
+    const char *args[] = {"--cluster", "1",     "--role", "prompt",
+                          "--ip",      IP_A,    "--transport", "tcp", NULL};
+    th_proc *p = &peer_a;
+    char port[8];
+
+    (void)state;
+    if (th_proc_start(p, wrapper, args) != 0)
+        fail_msg("peer_helper did not start in %s", ns_a);
+    snprintf(port, sizeof(port), "%u", p->port);
+    const char *check[] = {"ip",   "netns", "exec", ns_b, self_exe,
+                           "--cc-check", IP_A, port, NULL};
+    assert_int_equal(run(check, false), 0);
+    assert_int_equal(th_proc_stop(p), 0);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -417,6 +537,8 @@ main(int argc, char **argv)
         return pull_check_main(argv);
     if (argc == 5 && strcmp(argv[1], "--lanes-check") == 0)
         return lanes_check_main(argv);
+    if (argc == 4 && strcmp(argv[1], "--cc-check") == 0)
+        return cc_check_main(argv);
 
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
     if (n <= 0) {
@@ -436,6 +558,7 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_two_hosts, teardown),
         cmocka_unit_test_teardown(test_per_flow_cap, teardown),
+        cmocka_unit_test_teardown(test_same_host_cc, teardown),
     };
     rc = cmocka_run_group_tests_name("multiproc.netns", tests, NULL, NULL);
     cleanup();

@@ -6,8 +6,6 @@
  * many REV connections as the client opens, up to the data plane's limit,
  * so the side that links decides how many there are.
  */
-#include <netinet/in.h>
-
 #include "core/internal.h"
 #include "transport/stream/stream.h"
 
@@ -20,20 +18,6 @@
  * connections a link (LLMDD__TCP_LANES_AUTO, core/options.h).
  */
 
-static bool
-tcp_loopback(const llmdd__sockaddr *a)
-{
-    if (a->addr.ss_family == AF_INET) {
-        const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a->addr;
-        return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
-    }
-    if (a->addr.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
-        return IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
-    }
-    return false;
-}
-
 /* The lanes our transfers to this peer stripe over (llm.TcpLanes). */
 static int
 tcp_lanes(const llmdd__link *link)
@@ -43,7 +27,7 @@ tcp_lanes(const llmdd__link *link)
     pthread_mutex_unlock(&link->dd->lock);
     if (lanes > 0)
         return lanes;
-    return tcp_loopback(&link->peer.addr) ? 1 : LLMDD__TCP_LANES_AUTO;
+    return llmdd__sockaddr_loopback(&link->peer.addr) ? 1 : LLMDD__TCP_LANES_AUTO;
 }
 
 static llmdd_status
