@@ -161,9 +161,11 @@ copy_flush(llmdd__copy_batch *b)
 }
 
 void
-llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total)
+llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total, uint64_t dst_span)
 {
-    b->stream = total >= LLMDD__COPY_NT_BATCH &&
+    b->stream = (total >= LLMDD__COPY_NT_BATCH ||
+                 (total >= LLMDD__COPY_NT_SPAN_BATCH &&
+                  dst_span >= LLMDD__COPY_NT_SPAN)) &&
                 llmdd__copy_isa() != LLMDD__COPY_PORTABLE;
     b->streamed = false;
     b->len = 0;

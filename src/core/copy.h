@@ -4,11 +4,12 @@
  * and llmdd_copy_kv_blocks) goes through it.
  *
  * A transfer's runs form one batch. The batch's total size, not each run's,
- * picks the kind of store: a batch that fits in cache is copied with memcpy
- * (cached stores, so the destination is warm for whoever reads it next); a
- * larger one streams its runs with non-temporal stores, which skip the read
- * for ownership of every destination line and leave the caches to the
- * source. llmdd__copy_end fences those stores, so once it returns the bytes
+ * and the size of the cache it writes into pick the kind of store: a batch
+ * that fits in cache is copied with memcpy (cached stores, so the
+ * destination is warm for whoever reads it next); a larger one, or one of
+ * 1 MiB or more into a cache far larger than L3, streams its runs with
+ * non-temporal stores, which skip the read for ownership of every
+ * destination line and leave the caches to the source. llmdd__copy_end fences those stores, so once it returns the bytes
  * are visible to every other core and process: a transfer is reported
  * complete, or a notification sent, only after it.
  *
@@ -33,6 +34,18 @@
  */
 #define LLMDD__COPY_NT_BATCH (8u << 20)
 /*
+ * A smaller batch, from LLMDD__COPY_NT_SPAN_BATCH up, streams too when the
+ * memory it writes into (the destination cache, dst_span) is at least
+ * LLMDD__COPY_NT_SPAN, twice that L3: a serving engine's KV cache is
+ * gigabytes, and a slot it writes is seldom still cached. Pulls of 1-4 MiB
+ * into a 64 MiB cache went from 0.69-0.82x to 0.85-1.06x the best copy;
+ * into a 4 MiB cache, where the slots stay cached, streaming measured
+ * 0.73-0.83x memcpy, so small caches keep memcpy (BENCHMARKS.md,
+ * "Thresholds").
+ */
+#define LLMDD__COPY_NT_SPAN (64ull << 20)
+#define LLMDD__COPY_NT_SPAN_BATCH (1u << 20)
+/*
  * Runs shorter than this are copied with memcpy even in a streamed batch:
  * partial lines written non-temporally cost a full memory transaction each.
  */
@@ -55,8 +68,10 @@ typedef struct {
     size_t len;
 } llmdd__copy_batch;
 
-/* Starts a batch of `total` bytes in all. */
-void llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total);
+/* Starts a batch of `total` bytes in all, written into memory (a cache)
+ * of dst_span bytes. */
+void llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total,
+                       uint64_t dst_span);
 /*
  * Copies len bytes. The ranges may overlap (memmove semantics); overlapping
  * runs are always copied with memmove. Runs apply in order, but a run may

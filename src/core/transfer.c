@@ -247,7 +247,8 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
               .local = local,
               .runs = runs,
               .nruns = nruns,
-              .deadline_ms = deadline},
+              .deadline_ms = deadline,
+              .local_bytes = lc->tensor_size * lc->desc.num_tensors},
         .flags = a->opts != NULL ? a->opts->flags : 0,
         .tnpl = layer_tensors(a),
         .notify = a->opts != NULL ? a->opts->notify : NULL,
@@ -443,7 +444,8 @@ copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
 
     for (size_t i = 0; i < nruns; i++)
         total += runs[i].len;
-    llmdd__copy_begin(&b, total * s->desc.num_tensors);
+    llmdd__copy_begin(&b, total * s->desc.num_tensors,
+                      d->tensor_size * d->desc.num_tensors);
     for (uint32_t t = 0; t < s->desc.num_tensors; t++) {
         uint8_t *sb = (uint8_t *)(uintptr_t)s->addrs[t];
         uint8_t *db = (uint8_t *)(uintptr_t)d->addrs[t];

@@ -127,3 +127,11 @@ llmdd__xfer_bytes(const llmdd__xfer *x)
         sum += x->runs[i].len;
     return sum * x->count;
 }
+
+uint64_t
+llmdd__xfer_dst_bytes(const llmdd__xfer *x)
+{
+    if (!x->write)
+        return x->local_bytes;
+    return x->remote->tensor_size * x->remote->desc.num_tensors;
+}

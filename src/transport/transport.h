@@ -53,6 +53,7 @@ typedef struct {
     const llmdd__run *runs;
     size_t nruns;
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
+    uint64_t local_bytes; /* the local cache's size, all its tensors */
 } llmdd__xfer;
 
 /* A run's offset in the remote tensor. */
@@ -71,6 +72,10 @@ llmdd__run_local(const llmdd__xfer *x, const llmdd__run *r)
 
 /* The bytes a planned transfer moves: count times the sum of its runs. */
 uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);
+
+/* The size of the cache a transfer writes into: the remote one on a push,
+ * the local one on a pull (the copy engine's dst_span, core/copy.h). */
+uint64_t llmdd__xfer_dst_bytes(const llmdd__xfer *x);
 
 /*
  * Mandatory ops: name, reaches, link_init, link_shutdown, link_fini, query

@@ -100,13 +100,18 @@ test_stream_alignments(void **state)
     free(dst);
 }
 
-/* Batches below, at and above the threshold, with their runs around it and
- * around the shortest streamed run, at a few alignments. */
+/*
+ * Batches below, at and above the thresholds (LLMDD__COPY_NT_BATCH; from
+ * LLMDD__COPY_NT_SPAN_BATCH up, a destination of LLMDD__COPY_NT_SPAN), with
+ * their runs around them and around the shortest streamed run, at a few
+ * alignments.
+ */
 static void
 test_batch_thresholds(void **state)
 {
     (void)state;
     const size_t t = LLMDD__COPY_NT_BATCH, m = LLMDD__COPY_NT_MIN_RUN;
+    const size_t sb = LLMDD__COPY_NT_SPAN_BATCH;
     const size_t lens[] = {0,
                            1,
                            m - 1,
@@ -117,7 +122,8 @@ test_batch_thresholds(void **state)
                            t + 1,
                            (3u << 20) + 17,
                            (5u << 20) + 4095};
-    const uint64_t totals[] = {t - 1, t, t + 1};
+    const uint64_t totals[] = {sb - 1, sb, t - 1, t, t + 1};
+    const uint64_t spans[] = {0, LLMDD__COPY_NT_SPAN - 1, LLMDD__COPY_NT_SPAN};
     const size_t aligns[] = {0, 1, 17, 32, 63};
     const size_t cap = t + 64 + 1;
     uint8_t *src = alloc64(cap + 64);
@@ -125,14 +131,16 @@ test_batch_thresholds(void **state)
 
     assert_non_null(src);
     fill(src, cap + 64, 2);
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t k = 0; k < 5 * 3; k++) {
+        uint64_t total = totals[k % 5], span = spans[k / 5];
+        bool stream = total >= t || (total >= sb && span >= LLMDD__COPY_NT_SPAN);
         for (size_t li = 0; li < sizeof(lens) / sizeof(size_t); li++) {
             for (size_t ai = 0; ai < 5; ai++) {
                 size_t sa = aligns[ai], da = aligns[(ai + 2) % 5];
                 llmdd__copy_batch b;
-                llmdd__copy_begin(&b, totals[ti]);
+                llmdd__copy_begin(&b, total, span);
                 assert_int_equal(b.stream,
-                                 totals[ti] >= t &&
+                                 stream &&
                                      llmdd__copy_isa() != LLMDD__COPY_PORTABLE);
                 llmdd__copy(&b, dst + GUARD + da, src + sa, lens[li]);
                 llmdd__copy_end(&b);
@@ -158,7 +166,7 @@ test_batch_runs(void **state)
 
     assert_non_null(src);
     fill(src, cap, 3);
-    llmdd__copy_begin(&b, (uint64_t)run * nruns);
+    llmdd__copy_begin(&b, (uint64_t)run * nruns, 0);
     assert_true(b.stream || llmdd__copy_isa() == LLMDD__COPY_PORTABLE);
     /* Scattered: every other run-sized slot, in reverse. */
     for (size_t i = 0; i < nruns; i++)
@@ -194,7 +202,7 @@ test_overlap(void **state)
                 fill(buf + GUARD, n + s, (uint32_t)(si * 16 + li));
                 memcpy(ref + GUARD, buf + GUARD, n + s);
                 llmdd__copy_batch b;
-                llmdd__copy_begin(&b, UINT64_MAX);
+                llmdd__copy_begin(&b, UINT64_MAX, 0);
                 llmdd__copy(&b, buf + GUARD + doff, buf + GUARD + so, n);
                 llmdd__copy_end(&b);
                 memmove(ref + GUARD + doff, ref + GUARD + so, n);
@@ -210,7 +218,7 @@ test_overlap(void **state)
     fill(buf + GUARD, n, 11);
     memcpy(ref, buf, GUARD + cap + GUARD + 64);
     llmdd__copy_batch ob;
-    llmdd__copy_begin(&ob, UINT64_MAX);
+    llmdd__copy_begin(&ob, UINT64_MAX, 0);
     llmdd__copy(&ob, buf + GUARD + n, buf + GUARD, n);
     llmdd__copy(&ob, buf + GUARD + n + 7, buf + GUARD + n, n);
     llmdd__copy(&ob, buf + GUARD + 3 * n, buf + GUARD + n + 7, n);
@@ -225,7 +233,7 @@ test_overlap(void **state)
     fill(buf + GUARD, 4096, 9);
     memcpy(ref, buf, GUARD + 4096 + GUARD);
     llmdd__copy_batch b;
-    llmdd__copy_begin(&b, UINT64_MAX);
+    llmdd__copy_begin(&b, UINT64_MAX, 0);
     llmdd__copy(&b, buf + GUARD, buf + GUARD, 4096);
     llmdd__copy_end(&b);
     assert_memory_equal(buf, ref, GUARD + 4096 + GUARD);
@@ -245,7 +253,7 @@ test_adjacent_streams(void **state)
     assert_non_null(want);
     fill(buf + GUARD + n, n, 5);
     memcpy(want, buf + GUARD + n, n);
-    llmdd__copy_begin(&b, UINT64_MAX);
+    llmdd__copy_begin(&b, UINT64_MAX, 0);
     llmdd__copy(&b, buf + GUARD, buf + GUARD + n, n);
     llmdd__copy_end(&b);
     assert_int_equal(b.streamed, llmdd__copy_isa() != LLMDD__COPY_PORTABLE);

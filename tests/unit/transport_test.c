@@ -71,12 +71,33 @@ test_check_refuses_missing_ops(void **state)
     assert_true(llmdd__transport_valid(&lean));
 }
 
+/* A transfer's size, and the size of the cache it writes into: the local
+ * one on a pull, the remote one on a push (the copy engine's hint). */
+static void
+test_xfer_sizes(void **state)
+{
+    (void)state;
+    llmdd__remote_cache rc = {.desc = {.num_tensors = 6}, .tensor_size = 1000};
+    const llmdd__run runs[] = {{.len = 10}, {.len = 32}};
+    llmdd__xfer x = {.remote = &rc,
+                     .count = 3,
+                     .runs = runs,
+                     .nruns = 2,
+                     .local_bytes = 77};
+
+    assert_int_equal(llmdd__xfer_bytes(&x), 3 * 42);
+    assert_int_equal(llmdd__xfer_dst_bytes(&x), 77);
+    x.write = true;
+    assert_int_equal(llmdd__xfer_dst_bytes(&x), 6000);
+}
+
 int
 main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registered_tables),
         cmocka_unit_test(test_check_refuses_missing_ops),
+        cmocka_unit_test(test_xfer_sizes),
     };
 
     th_test_filter(argc, argv);

@@ -115,7 +115,7 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
     /* One batch; the engine keeps memmove for runs that overlap (both
      * instances may map the same memory). */
     llmdd__copy_batch b;
-    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(x), llmdd__xfer_dst_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = (uint8_t *)(uintptr_t)c->addrs[x->remote_first + t];
         uint8_t *src = x->write ? x->local[t] : rbase;

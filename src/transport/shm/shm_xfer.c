@@ -148,7 +148,7 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
 {
     llmdd__copy_batch b;
 
-    llmdd__copy_begin(&b, llmdd__xfer_bytes(x));
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(x), llmdd__xfer_dst_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
         uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
         uint8_t *src = x->write ? x->local[t] : rbase;
