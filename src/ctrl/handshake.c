@@ -97,7 +97,6 @@ handshake_data(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         llmdd__link_put(link);
         return;
     }
-    llmdd__sock_tune(fd, false);
     link->ops->accept_conn(link, fd, h->flags);
     llmdd__link_put(link);
 }
@@ -238,6 +237,8 @@ llmdd__handshake_main(void *arg)
     bool to;
 
     free(arg);
+    /* Before any reply: once it has one, the peer may use the connection. */
+    llmdd__sock_tune(a.fd, false);
     int rc = llmdd__recv_msg(dd->stop_fd, a.fd, &type, buf, sizeof(buf), &len,
                              deadline, &to);
     llmdd__ctrl_hello_done(dd, a.fd);
