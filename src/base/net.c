@@ -288,12 +288,16 @@ sock_same_host(int fd)
         return true;
     if (me.addr.ss_family != peer.addr.ss_family)
         return false;
-    if (me.addr.ss_family == AF_INET)
-        return ((struct sockaddr_in *)&me.addr)->sin_addr.s_addr ==
-               ((struct sockaddr_in *)&peer.addr)->sin_addr.s_addr;
-    if (me.addr.ss_family == AF_INET6)
-        return IN6_ARE_ADDR_EQUAL(&((struct sockaddr_in6 *)&me.addr)->sin6_addr,
-                                  &((struct sockaddr_in6 *)&peer.addr)->sin6_addr);
+    if (me.addr.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&me.addr;
+        const struct sockaddr_in *b = (const struct sockaddr_in *)&peer.addr;
+        return a->sin_addr.s_addr == b->sin_addr.s_addr;
+    }
+    if (me.addr.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&me.addr;
+        const struct sockaddr_in6 *b = (const struct sockaddr_in6 *)&peer.addr;
+        return IN6_ARE_ADDR_EQUAL(&a->sin6_addr, &b->sin6_addr);
+    }
     return false;
 }
 

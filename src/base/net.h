@@ -127,5 +127,4 @@ void llmdd__sock_tune(int fd, bool keepalive);
  */
 #define LLMDD__SAME_HOST_CC "cubic"
 
-
 #endif

@@ -9,9 +9,10 @@
  * destination is warm for whoever reads it next); a larger one, or one of
  * 1 MiB or more into a cache far larger than L3, streams its runs with
  * non-temporal stores, which skip the read for ownership of every
- * destination line and leave the caches to the source. llmdd__copy_end fences those stores, so once it returns the bytes
- * are visible to every other core and process: a transfer is reported
- * complete, or a notification sent, only after it.
+ * destination line and leave the caches to the source. llmdd__copy_end
+ * fences those stores, so once it returns the bytes are visible to every
+ * other core and process: a transfer is reported complete, or a
+ * notification sent, only after it.
  *
  * Thread-safe: a batch lives on its caller's stack; the CPU is probed once.
  */
@@ -40,8 +41,8 @@
  * gigabytes, and a slot it writes is seldom still cached. Pulls of 1-4 MiB
  * into a 64 MiB cache went from 0.69-0.82x to 0.85-1.06x the best copy;
  * into a 4 MiB cache, where the slots stay cached, streaming measured
- * 0.73-0.83x memcpy, so small caches keep memcpy (BENCHMARKS.md,
- * "Thresholds").
+ * 0.73-0.83x memcpy, so small caches keep memcpy (BENCHMARKS.md, "Smaller
+ * batches into large caches").
  */
 #define LLMDD__COPY_NT_SPAN (64ull << 20)
 #define LLMDD__COPY_NT_SPAN_BATCH (1u << 20)

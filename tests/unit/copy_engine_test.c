@@ -133,7 +133,8 @@ test_batch_thresholds(void **state)
     fill(src, cap + 64, 2);
     for (size_t k = 0; k < 5 * 3; k++) {
         uint64_t total = totals[k % 5], span = spans[k / 5];
-        bool stream = total >= t || (total >= sb && span >= LLMDD__COPY_NT_SPAN);
+        bool stream =
+            total >= t || (total >= sb && span >= LLMDD__COPY_NT_SPAN);
         for (size_t li = 0; li < sizeof(lens) / sizeof(size_t); li++) {
             for (size_t ai = 0; ai < 5; ai++) {
                 size_t sa = aligns[ai], da = aligns[(ai + 2) % 5];

@@ -27,7 +27,8 @@ tcp_lanes(const llmdd__link *link)
     pthread_mutex_unlock(&link->dd->lock);
     if (lanes > 0)
         return lanes;
-    return llmdd__sockaddr_loopback(&link->peer.addr) ? 1 : LLMDD__TCP_LANES_AUTO;
+    return llmdd__sockaddr_loopback(&link->peer.addr) ? 1
+                                                      : LLMDD__TCP_LANES_AUTO;
 }
 
 static llmdd_status
