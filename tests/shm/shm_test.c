@@ -26,6 +26,7 @@
 #include "core/internal.h"
 #include "harness/harness.h"
 #include "transport/shm/shm.h"
+#include "transport/shm/shm_int.h"
 
 #define PEER 1
 #define SELF 2
@@ -88,6 +89,44 @@ proc_start(th_proc *p, const char *const *wrapper, const char *transport,
                           transport, pool ? "--pool" : NULL, pool, NULL};
 
     assert_int_equal(th_proc_start(p, wrapper, args), 0);
+}
+
+/*
+ * What a copy through the owner's memory checks once it is done
+ * (llmdd__shm_owner_left): the owner's half-close shows on the socket
+ * itself, before our reader thread has read it and set `down`; a look that
+ * saw the socket open vouches for SHM_OPEN_MS, well within the SHM_BYE_MS
+ * the owner waits after its half-close before it frees anything.
+ */
+static void
+test_owner_left_reads_the_socket(void **state)
+{
+    int sv[2];
+    shm_link sl = {.open_at = INT64_MIN / 2};
+
+    (void)state;
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(pthread_mutex_init(&sl.lock, NULL), 0);
+    sl.sock = sv[0];
+    /* Never looked at: the socket is, and it is open. */
+    int64_t before = llmdd__now_ms();
+    assert_false(llmdd__shm_owner_left(&sl));
+    assert_true(sl.open_at >= before);
+    /* The owner half-closes; nobody has read that yet. */
+    assert_int_equal(shutdown(sv[1], SHUT_WR), 0);
+    assert_false(sl.down);
+    /* Seen open just now: this copy ran on leased memory. */
+    assert_false(llmdd__shm_owner_left(&sl));
+    /* A copy that ends later than the look vouches for. */
+    sl.open_at -= SHM_OPEN_MS;
+    assert_true(llmdd__shm_owner_left(&sl));
+    /* Once down, always left, however recent the look. */
+    sl.open_at = llmdd__now_ms();
+    sl.down = true;
+    assert_true(llmdd__shm_owner_left(&sl));
+    pthread_mutex_destroy(&sl.lock);
+    close(sv[0]);
+    close(sv[1]);
 }
 
 static void
@@ -656,6 +695,7 @@ int
 main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_owner_left_reads_the_socket),
         cmocka_unit_test(test_auto_picks_shm_and_memfd),
         cmocka_unit_test(test_push_visible_to_owner),
         cmocka_unit_test(test_registered_uses_cma),

@@ -44,6 +44,8 @@
 #define SHM_FLAG_NOSOCK 0x200u /* data connection: I cannot use it */
 #define SHM_ACCEPT_MS 2000
 #define SHM_BYE_MS 2000
+/* How long one look at the owner's socket vouches for it (owner_left). */
+#define SHM_OPEN_MS (SHM_BYE_MS / 4)
 #define SHM_STALL_MS 5000
 #define SHM_IOV_BATCH 1024              /* iovec pairs per CMA call */
 #define SHM_CMA_BATCH_BYTES (1ull << 30) /* under the kernel's MAX_RW_COUNT */
@@ -113,7 +115,7 @@ typedef struct {
     bool nosock;         /* everything goes over the data plane */
     bool accepted;       /* server: the socket was set up (once) */
     bool down;
-    int64_t open_at; /* when the socket was last seen open (shm_owner_left) */
+    int64_t open_at; /* when the socket was last seen open (owner_left) */
     uint64_t seq;
     shm_wait *waits;
     shm_entry *entries;
@@ -158,5 +160,8 @@ void *llmdd__shm_reader_main(void *arg);
 int llmdd__shm_map(shm_link *sl, shm_entry *e, int fd, bool pooled,
                    uint64_t fd_off, uint64_t len);
 llmdd_status llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x);
+/* After a copy through the owner's memory: whether it may have run on
+ * memory no longer leased to us (the owner began to end the link). */
+bool llmdd__shm_owner_left(shm_link *sl);
 
 #endif

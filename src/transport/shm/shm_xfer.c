@@ -113,10 +113,8 @@ err_bad:
  * SHM_OPEN_MS, not after every copy. The time is taken before the poll, so
  * it is never later than the moment the socket was seen open.
  */
-#define SHM_OPEN_MS (SHM_BYE_MS / 4)
-
-static bool
-shm_owner_left(shm_link *sl)
+bool
+llmdd__shm_owner_left(shm_link *sl)
 {
     int64_t now = llmdd__now_ms();
 
@@ -234,7 +232,7 @@ shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, cma_pos pos,
         /* A peer that was stopped between batches must not write on into
          * memory the owner may have handed back meanwhile. */
         if (len > 0 &&
-            (shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
+            (llmdd__shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
             return -2;
     }
     return 0;
@@ -357,7 +355,7 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
          * to another cache by now (a pool hands them out again only once
          * this process exits, an older owner sooner). Do not call the
          * copy a success. */
-        left = shm_owner_left(sl);
+        left = llmdd__shm_owner_left(sl);
     } else {
         rc = shm_cma_xfer(sl, e, x, &err);
         if (rc == 0)
