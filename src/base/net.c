@@ -302,7 +302,7 @@ sock_same_host(int fd)
 }
 
 void
-llmdd__sock_tune(int fd, bool keepalive)
+llmdd__sock_tune(int fd)
 {
     int one = 1;
 
@@ -311,13 +311,17 @@ llmdd__sock_tune(int fd, bool keepalive)
     if (sock_same_host(fd))
         (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, LLMDD__SAME_HOST_CC,
                          sizeof(LLMDD__SAME_HOST_CC) - 1);
-    if (keepalive) {
-        int idle = 5, intvl = 2, cnt = 3;
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-    }
+}
+
+void
+llmdd__sock_keepalive(int fd)
+{
+    int one = 1, idle = 5, intvl = 2, cnt = 3;
+
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
 int

@@ -110,12 +110,10 @@ int llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
                    const llmdd__sockaddr *from, int64_t deadline_ms,
                    llmdd_status *status);
 
-/*
- * TCP_NODELAY; on a connection within this host, the LLMDD__SAME_HOST_CC
- * congestion control; and, for control sockets, keepalive so a dead host
- * shows.
- */
-void llmdd__sock_tune(int fd, bool keepalive);
+/* TCP_NODELAY and, on a connection within this host, LLMDD__SAME_HOST_CC. */
+void llmdd__sock_tune(int fd);
+/* Keepalive, for control sockets, so a dead host shows. */
+void llmdd__sock_keepalive(int fd);
 
 /*
  * The congestion control of a connection that never leaves this host. A

@@ -360,7 +360,7 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
                        deadline, &st);
     if (fd < 0)
         return -1;
-    llmdd__sock_tune(fd, false);
+    llmdd__sock_tune(fd);
     memcpy(h.token, link->token, sizeof(h.token));
     len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
     if (llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||

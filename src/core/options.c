@@ -242,7 +242,6 @@ parse_transport(const char *s, char *out)
 typedef struct {
     llmdd__options o;
     const char *token; /* llm.AuthToken, copied once every value is good */
-    bool max_links_auto;
 } opt_apply;
 
 static llmdd_status
@@ -303,7 +302,7 @@ opt_auth_token(opt_apply *a, const char *v)
 static llmdd_status
 opt_max_links(opt_apply *a, const char *v)
 {
-    a->max_links_auto = strcmp(v, "auto") == 0;
+    a->o.max_links_auto = strcmp(v, "auto") == 0;
     return parse_max_links(v, &a->o.max_links);
 }
 
@@ -399,8 +398,7 @@ llmdd_option_info(size_t index)
 static void
 options_resolve(opt_apply *a)
 {
-    a->o.max_links_auto = a->max_links_auto;
-    if (a->max_links_auto)
+    if (a->o.max_links_auto)
         a->o.max_links = llmdd__max_links_auto(a->o.tcp_lanes);
 }
 
@@ -423,7 +421,7 @@ llmdd_status
 llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
 {
     static atomic_bool logged[OPT_N];
-    opt_apply a = {.o = *o, .token = NULL, .max_links_auto = o->max_links_auto};
+    opt_apply a = {.o = *o, .token = NULL};
     llmdd_status st;
 
     if (n > 0 && options == NULL)

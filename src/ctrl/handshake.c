@@ -208,7 +208,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     len = llmdd__wire_result_encode(&res, buf, sizeof(buf));
     if (llmdd__send_msg(dd->stop_fd, fd, WMSG_RESULT, buf, len, deadline) != 0)
         llmdd__link_drop(link, "handshake result not delivered");
-    llmdd__sock_tune(fd, true);
+    llmdd__sock_keepalive(fd); /* tuned when accepted */
     log_info("linked with cluster %llu (server side, %s)",
              (unsigned long long)h->cluster_id, link->ops->name);
     free(token);
@@ -238,7 +238,7 @@ llmdd__handshake_main(void *arg)
 
     free(arg);
     /* Before any reply: once it has one, the peer may use the connection. */
-    llmdd__sock_tune(a.fd, false);
+    llmdd__sock_tune(a.fd);
     int rc = llmdd__recv_msg(dd->stop_fd, a.fd, &type, buf, sizeof(buf), &len,
                              deadline, &to);
     llmdd__ctrl_hello_done(dd, a.fd);
@@ -462,7 +462,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     if (registered)
         llmdd__own_conn_del(fd); /* before the link may close fd */
     link->ctrl_fd = fd;
-    llmdd__sock_tune(fd, true);
+    llmdd__sock_tune(fd);
+    llmdd__sock_keepalive(fd);
     /* The transport may connect its data channels with our deadline. */
     link->deadline_ms = deadline;
     st = link->ops->link_init(link, true);

@@ -267,14 +267,7 @@ test_cancel_latency(void **state)
     llmdd_destroy(dd);
 }
 
-/*
- * Cancel while the requester waits for a reply that cannot come: the peer
- * is stopped, its socket still takes the request. Each round stops the
- * peer, posts a pull of one slot, cancels it 5 ms later (long enough to
- * have sent the request), resumes the peer and checks the link with a
- * pull. Over tcp the requester then sleeps in recvmsg, which only the
- * cancel's cut of its socket ends before a 50 ms slice is over.
- */
+/* CLOCK_MONOTONIC in us. */
 static int64_t
 now_us(void)
 {
@@ -284,6 +277,14 @@ now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/*
+ * Cancel while the requester waits for a reply that cannot come: the peer
+ * is stopped, its socket still takes the request. Each round stops the
+ * peer, posts a pull of one slot, cancels it 5 ms later (long enough to
+ * have sent the request), resumes the peer and checks the link with a
+ * pull. Over tcp the requester then sleeps in recvmsg, which only the
+ * cancel's cut of its socket ends before a 50 ms slice is over.
+ */
 static void
 test_cancel_stalled_reply(void **state)
 {

@@ -29,11 +29,11 @@
  * rather than in poll and then recvmsg, and an idle serving thread blocks
  * in recv for the next request: one wake-up and one system call fewer per
  * wait (a 4 KiB pull: 4 system calls, as a raw round trip; it was 7; see
- * BENCHMARKS.md). Data connections are in
- * blocking mode (llmdd__stream_conn_mode; every other call passes
- * MSG_DONTWAIT). What would have woken the poll cuts the socket instead:
- * the link's shutdown (stream_shutdown), a cache's removal, a cancel (the
- * socket is armed, llmdd__cancel_arm). A requester's blocking wait lasts at
+ * BENCHMARKS.md). Data connections are in blocking mode
+ * (llmdd__stream_conn_mode; every other call passes MSG_DONTWAIT). What
+ * would have woken the poll cuts the socket instead: the link's shutdown
+ * (stream_shutdown), a cache's removal, a cancel (the socket is armed,
+ * llmdd__cancel_arm). A requester's blocking wait lasts at
  * most STREAM_SLICE_MS (the socket's receive timeout) and starts only with
  * more time than that left, so it never outlives the deadline; the rest of
  * a long wait is a poll up to the deadline.
