@@ -39,7 +39,7 @@ class BuildPy(build_py):
 
 setup(
     name="llmdd",
-    version="0.2.0",
+    version="0.3.0",
     description="Python bindings of llmdd (LLM KV-cache transfer) and the "
                 "llm_datadist API over it",
     packages=["llmdd", "llm_datadist"],

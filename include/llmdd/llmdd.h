@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define LLMDD_VERSION_MAJOR 0
-#define LLMDD_VERSION_MINOR 1
+#define LLMDD_VERSION_MINOR 3
 #define LLMDD_VERSION_PATCH 0
 
 #if defined(__GNUC__)

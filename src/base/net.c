@@ -244,8 +244,14 @@ llmdd__recv_msg(int stop_fd, int fd, uint16_t *type, uint8_t *buf, size_t cap,
     *timed_out = false;
     if (llmdd__read_full(stop_fd, fd, hdr, sizeof(hdr), deadline_ms) != 0)
         goto err;
-    if (llmdd__wire_frame_decode(hdr, &f) != 0 || f.len > cap)
+    if (llmdd__wire_frame_decode(hdr, &f) != 0 || f.len > cap) {
+        uint16_t v;
+        if (llmdd__wire_frame_foreign(hdr, &v))
+            log_error("peer speaks llmdd protocol version %u; this side "
+                      "speaks %u (llmdd %s): refused",
+                      v, LLMDD_WIRE_VERSION, llmdd_version());
         return -1;
+    }
     if (llmdd__read_full(stop_fd, fd, buf, f.len, deadline_ms) != 0)
         goto err;
     *type = f.type;

@@ -21,6 +21,19 @@ llmdd__wire_frame_decode(const uint8_t *buf, llmdd__frame *out)
     return 0;
 }
 
+bool
+llmdd__wire_frame_foreign(const uint8_t *buf, uint16_t *version)
+{
+    llmdd__rbuf r = LLMDD__RBUF(buf, LLMDD_WIRE_HDR_LEN);
+    uint32_t magic = llmdd__get_u32(&r);
+    uint16_t v = llmdd__get_u16(&r);
+
+    if (magic != LLMDD_WIRE_MAGIC || v == LLMDD_WIRE_VERSION)
+        return false;
+    *version = v;
+    return true;
+}
+
 void
 llmdd__wire_frame_encode(uint8_t *buf, uint16_t type, uint32_t len)
 {

@@ -11,7 +11,8 @@
 #include <llmdd/llmdd.h>
 
 #define LLMDD_WIRE_MAGIC 0x44444c4cu /* "LLDD" on the wire */
-#define LLMDD_WIRE_VERSION 1
+/* 2: llmdd 0.3 (heartbeats, KV layouts); 1: llmdd 0.1 and 0.2. */
+#define LLMDD_WIRE_VERSION 2
 #define LLMDD_WIRE_HDR_LEN 12
 #define LLMDD_WIRE_MAX_PAYLOAD (1u << 20)
 /* Runs in one READ or WRITE request: keeps a request under the payload cap. */
@@ -65,6 +66,9 @@ typedef struct {
 
 /* Decodes a frame header: magic, version, a known type, len <= the cap. */
 int llmdd__wire_frame_decode(const uint8_t *buf, llmdd__frame *out);
+/* Whether a header that failed to decode is llmdd's, of another protocol
+ * version (*version): the one case worth a log line naming both. */
+bool llmdd__wire_frame_foreign(const uint8_t *buf, uint16_t *version);
 void llmdd__wire_frame_encode(uint8_t *buf, uint16_t type, uint32_t len);
 
 typedef struct {

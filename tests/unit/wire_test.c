@@ -174,7 +174,7 @@ test_frame(void **state)
     }
     /* The layout is fixed: magic, version | type << 16, length (LE). */
     llmdd__wire_frame_encode(hdr, WMSG_READ, 0x01020304);
-    static const uint8_t want[] = {0x4c, 0x4c, 0x44, 0x44, 1, 0, 22, 0,
+    static const uint8_t want[] = {0x4c, 0x4c, 0x44, 0x44, 2, 0, 22, 0,
                                    4,    3,    2,    1};
     assert_memory_equal(hdr, want, sizeof(want));
 
@@ -204,15 +204,26 @@ test_frame(void **state)
         hdr[b] ^= 0x20;
         assert_int_equal(llmdd__wire_frame_decode(hdr, &f), -1);
     }
-    /* Bad version. */
-    static const uint16_t bad_versions[] = {0, 2, 0x100, 0xffff};
+    /* Another version (1: llmdd 0.1 and 0.2) is refused and named, so the
+     * handshake can log both versions. */
+    uint16_t v = 0;
+    llmdd__wire_frame_encode(hdr, WMSG_HELLO, 8);
+    assert_false(llmdd__wire_frame_foreign(hdr, &v));
+    static const uint16_t bad_versions[] = {0, 1, 3, 0x100, 0xffff};
     for (size_t i = 0; i < sizeof(bad_versions) / sizeof(bad_versions[0]);
          i++) {
         llmdd__wire_frame_encode(hdr, WMSG_HELLO, 8);
         hdr[4] = (uint8_t)bad_versions[i];
         hdr[5] = (uint8_t)(bad_versions[i] >> 8);
         assert_int_equal(llmdd__wire_frame_decode(hdr, &f), -1);
+        assert_true(llmdd__wire_frame_foreign(hdr, &v));
+        assert_int_equal(v, bad_versions[i]);
     }
+    /* Not llmdd's at all: no version to name. */
+    llmdd__wire_frame_encode(hdr, WMSG_HELLO, 8);
+    hdr[0] ^= 1;
+    hdr[4] = 1;
+    assert_false(llmdd__wire_frame_foreign(hdr, &v));
 }
 
 /* ---- HELLO ---- */
