@@ -311,16 +311,25 @@ LLMDD_API size_t llmdd_data_type_size(llmdd_data_type dt);
  *
  * A post runs every check of the synchronous call, in the same order, and
  * returns its status without posting anything when one fails. A posted
- * request is moved by the instance's worker threads; llmdd_request_wait
- * returns its final status once done (LLM_WAIT_PROC_TIMEOUT while in
- * flight). Requests must be freed with llmdd_request_free, also after
- * llmdd_finalize or llmdd_destroy (which end them with LLM_FAILED).
- * Thread-safe: a request may be waited on, cancelled and marked from several
- * threads; free must not race other calls on the same request.
+ * request is moved by the instance's worker threads, which serve the links
+ * round robin so that a stalled peer holds up only its own requests;
+ * llmdd_request_wait returns its final status once done
+ * (LLM_WAIT_PROC_TIMEOUT while in flight). A request holds no descriptor.
+ *
+ * Lifetimes (0.3): requests must be freed with llmdd_request_free, also
+ * after llmdd_finalize or llmdd_destroy (which end them with LLM_FAILED).
+ * A request may be waited on, cancelled and marked from any thread, before,
+ * during and after finalize and destroy of its instance. Free may race
+ * waits already in progress on other threads: they return (LLM_FAILED if
+ * the request was not done) and the memory goes when the last one leaves;
+ * a call that starts after free returned is the caller's error.
  */
 typedef struct llmdd_request llmdd_request;
 
 #define LLMDD_XFER_LAYERWISE 0x1u /* push only: move a layer once marked */
+/* 0.3: when the request ends (any status), queue it once for
+ * llmdd_get_completions. */
+#define LLMDD_XFER_COMPLETION 0x2u
 #define LLMDD_NOTIFY_MAX 1024     /* bytes in one notification */
 
 typedef struct {
@@ -361,6 +370,21 @@ LLMDD_API llmdd_status llmdd_request_cancel(llmdd_request *req);
 LLMDD_API llmdd_status llmdd_request_layer_ready(llmdd_request *req,
                                                  uint32_t layer);
 LLMDD_API void llmdd_request_free(llmdd_request *req); /* cancels; NULL ok */
+
+/*
+ * Completions (0.3): one descriptor per instance, none per request.
+ * llmdd_completion_fd is readable (level-triggered, like llmdd_notify_fd)
+ * while requests posted with LLMDD_XFER_COMPLETION have ended and wait to
+ * be collected; owned by the instance, valid from llmdd_initialize until
+ * llmdd_destroy; -1 when not initialized. llmdd_get_completions never
+ * blocks: it moves up to cap ended requests to out, oldest first; each is
+ * returned once, to whichever thread asks first. The caller still reads a
+ * request's status with llmdd_request_wait(req, 0) and frees it; a request
+ * freed before it was collected leaves the queue.
+ */
+LLMDD_API int llmdd_completion_fd(llmdd *dd);
+LLMDD_API llmdd_status llmdd_get_completions(llmdd *dd, llmdd_request **out,
+                                             size_t cap, size_t *count_out);
 
 typedef struct {
     uint64_t cluster_id; /* the sender */

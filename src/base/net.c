@@ -42,33 +42,95 @@ llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len)
     }
 }
 
-_Thread_local llmdd__cancel *llmdd__tls_cancel;
+/* The thread's work and, once made, its own eventfd (closed at exit). */
+static _Thread_local struct {
+    llmdd__cancel *c;
+    int waker; /* 0: not made yet (fd 0 is never an eventfd of ours) */
+    llmdd__armed node;
+    bool inside; /* node is on c's list */
+} tls;
+
+static pthread_key_t waker_key;
+static pthread_once_t waker_once = PTHREAD_ONCE_INIT;
+
+static void
+waker_close(void *p)
+{
+    close((int)(intptr_t)p - 1);
+}
+
+static void
+waker_key_make(void)
+{
+    (void)pthread_key_create(&waker_key, waker_close);
+}
+
+/* The calling thread's eventfd, made on first use; -1 when it cannot be. */
+static int
+waker_fd(void)
+{
+    if (tls.waker > 0)
+        return tls.waker;
+    pthread_once(&waker_once, waker_key_make);
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+        log_error("no eventfd for a transfer thread: %s", strerror(errno));
+        return -1;
+    }
+    if (pthread_setspecific(waker_key, (void *)(intptr_t)(fd + 1)) != 0) {
+        close(fd);
+        return -1;
+    }
+    tls.waker = fd;
+    return fd;
+}
+
+static void
+armed_add(llmdd__cancel *c, llmdd__armed *a)
+{
+    a->prev = NULL;
+    a->next = c->armed;
+    if (c->armed != NULL)
+        c->armed->prev = a;
+    c->armed = a;
+}
+
+static void
+armed_remove(llmdd__cancel *c, llmdd__armed *a)
+{
+    if (a->prev != NULL)
+        a->prev->next = a->next;
+    else
+        c->armed = a->next;
+    if (a->next != NULL)
+        a->next->prev = a->prev;
+}
 
 bool
 llmdd__cancelled(void)
 {
-    const llmdd__cancel *c = llmdd__tls_cancel;
+    const llmdd__cancel *c = tls.c;
 
     return c != NULL && atomic_load(&c->flag);
 }
 
-int
+llmdd__cancel *
+llmdd__cancel_current(void)
+{
+    return tls.c;
+}
+
+void
 llmdd__cancel_init(llmdd__cancel *c)
 {
-    c->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (c->fd < 0)
-        return -1;
     atomic_init(&c->flag, false);
     pthread_mutex_init(&c->lock, NULL);
-    for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++)
-        c->armed[i].fd = -1;
-    return 0;
+    c->armed = NULL;
 }
 
 void
 llmdd__cancel_fini(llmdd__cancel *c)
 {
-    close(c->fd);
     pthread_mutex_destroy(&c->lock);
 }
 
@@ -77,54 +139,85 @@ llmdd__cancel_fire(llmdd__cancel *c)
 {
     uint64_t one = 1;
 
-    atomic_store(&c->flag, true);
-    (void)!write(c->fd, &one, sizeof(one));
     pthread_mutex_lock(&c->lock);
-    for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++) {
-        if (c->armed[i].fd >= 0 && !c->armed[i].cut) {
-            shutdown(c->armed[i].fd, SHUT_RDWR);
-            c->armed[i].cut = true;
-        }
+    atomic_store(&c->flag, true);
+    for (llmdd__armed *a = c->armed; a != NULL; a = a->next) {
+        if (a->cut)
+            continue;
+        a->cut = true;
+        if (a->waker)
+            (void)!write(a->fd, &one, sizeof(one));
+        else
+            shutdown(a->fd, SHUT_RDWR);
     }
     pthread_mutex_unlock(&c->lock);
 }
 
 int
-llmdd__cancel_arm(int fd)
+llmdd__cancel_enter(llmdd__cancel *c, bool wake)
 {
-    llmdd__cancel *c = llmdd__tls_cancel;
-    int slot = LLMDD__CANCEL_NONE;
+    tls.c = c;
+    tls.inside = false;
+    if (c == NULL || !wake)
+        return 0;
+    int fd = waker_fd();
+    if (fd < 0) {
+        tls.c = NULL;
+        return -1;
+    }
+    uint64_t v;
+    (void)!read(fd, &v, sizeof(v)); /* a fire meant for earlier work */
+    tls.node = (llmdd__armed){.fd = fd, .waker = true};
+    pthread_mutex_lock(&c->lock);
+    armed_add(c, &tls.node);
+    tls.inside = true;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+void
+llmdd__cancel_leave(void)
+{
+    llmdd__cancel *c = tls.c;
+
+    if (c != NULL && tls.inside) {
+        pthread_mutex_lock(&c->lock);
+        armed_remove(c, &tls.node);
+        pthread_mutex_unlock(&c->lock);
+    }
+    tls.c = NULL;
+    tls.inside = false;
+}
+
+int
+llmdd__cancel_arm(llmdd__armed *a, int fd)
+{
+    llmdd__cancel *c = tls.c;
+    int rc = LLMDD__CANCEL_ARMED;
 
     if (c == NULL)
         return LLMDD__CANCEL_NONE;
+    *a = (llmdd__armed){.fd = fd};
     pthread_mutex_lock(&c->lock);
-    if (atomic_load(&c->flag)) {
-        slot = LLMDD__CANCEL_FIRED;
-    } else {
-        for (int i = 0; i < LLMDD__CANCEL_ARMED_MAX; i++) {
-            if (c->armed[i].fd < 0) {
-                c->armed[i].fd = fd;
-                c->armed[i].cut = false;
-                slot = i;
-                break;
-            }
-        }
-    }
+    if (atomic_load(&c->flag))
+        rc = LLMDD__CANCEL_FIRED;
+    else
+        armed_add(c, a);
     pthread_mutex_unlock(&c->lock);
-    return slot;
+    return rc;
 }
 
 bool
-llmdd__cancel_disarm(int slot)
+llmdd__cancel_disarm(llmdd__armed *a)
 {
-    llmdd__cancel *c = llmdd__tls_cancel;
+    llmdd__cancel *c = tls.c;
     bool cut;
 
-    if (c == NULL || slot < 0)
+    if (c == NULL)
         return false;
     pthread_mutex_lock(&c->lock);
-    cut = c->armed[slot].cut;
-    c->armed[slot].fd = -1;
+    cut = a->cut;
+    armed_remove(c, a);
     pthread_mutex_unlock(&c->lock);
     return cut;
 }
@@ -132,12 +225,14 @@ llmdd__cancel_disarm(int slot)
 int
 llmdd__wait_fd(int stop_fd, int fd, short events, int64_t deadline_ms)
 {
-    const llmdd__cancel *c = llmdd__tls_cancel;
+    int waker = tls.inside ? tls.node.fd : -1;
 
     for (;;) {
         struct pollfd p[3] = {{.fd = fd, .events = events},
                               {.fd = stop_fd, .events = POLLIN},
-                              {.fd = c != NULL ? c->fd : -1, .events = POLLIN}};
+                              {.fd = waker, .events = POLLIN}};
+        if (waker >= 0 && atomic_load(&tls.c->flag))
+            return -1; /* fired before this thread was inside */
         int64_t left = deadline_ms - llmdd__now_ms();
         if (left <= 0)
             return 0;

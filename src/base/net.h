@@ -31,49 +31,67 @@ bool llmdd__sockaddr_loopback(const llmdd__sockaddr *a);
 int64_t llmdd__now_ms(void);
 
 /*
- * The cancellation of the request whose transfer this thread runs
- * (request.c sets it around ops->xfer). Every llmdd__wait_fd on the thread
- * also wakes when fd becomes readable, so a transport blocked on a socket
- * gives up at once; llmdd__cancelled() tells that cause apart from a lost
- * peer, so the transport discards the connection but keeps the link.
+ * Cancellation of the request whose transfer a thread runs. A request holds
+ * no descriptor of its own: a thread that works for a cancellable request
+ * enters its cancellation (llmdd__cancel_enter) with the thread's own
+ * eventfd (made on the thread's first use, closed when the thread exits),
+ * and llmdd__cancel_fire signals the eventfds of every thread inside, so
+ * every llmdd__wait_fd on such a thread gives up at once.
+ * llmdd__cancelled() tells that cause apart from a lost peer, so a
+ * transport discards the connection but keeps the link.
  *
  * A thread may instead block in a socket call itself (a recv that sleeps in
  * the kernel wakes once, where poll and then recv wake twice): it arms the
- * socket first (llmdd__cancel_arm), and llmdd__cancel_fire shuts down every
- * armed socket, which fails the blocked call. Arming and firing take the
- * lock, so a socket is shut down only while its thread is inside the call,
- * never after it went on to close the fd.
+ * socket first (llmdd__cancel_arm, with a node on its stack), and fire
+ * shuts down every armed socket, which fails the blocked call. Arming and
+ * firing take the cancellation's lock, so a socket is shut down only while
+ * its thread is inside the call, never after it went on to close the fd.
  */
-/* One request's threads blocked at once: up to 16 tcp lanes, with room. */
-#define LLMDD__CANCEL_ARMED_MAX 20
+typedef struct llmdd__armed {
+    int fd;     /* a socket to shut down, or a thread's eventfd to signal */
+    bool waker; /* fd is an eventfd */
+    bool cut;   /* fire acted on it */
+    struct llmdd__armed *prev, *next;
+} llmdd__armed;
+
 typedef struct {
-    int fd; /* eventfd, readable once cancelled */
     atomic_bool flag;
     pthread_mutex_t lock;
-    struct {
-        int fd;   /* -1: a free slot */
-        bool cut; /* fire shut it down */
-    } armed[LLMDD__CANCEL_ARMED_MAX];
+    llmdd__armed *armed; /* threads inside and sockets armed */
 } llmdd__cancel;
-extern _Thread_local llmdd__cancel *llmdd__tls_cancel;
-bool llmdd__cancelled(void);
 
-/* 0, or -1 when the eventfd cannot be made. */
-int llmdd__cancel_init(llmdd__cancel *c);
+void llmdd__cancel_init(llmdd__cancel *c);
 void llmdd__cancel_fini(llmdd__cancel *c);
-/* Cancels: sets the flag, wakes llmdd__wait_fd, cuts the armed sockets. */
+/* Cancels: sets the flag, wakes the threads inside, cuts armed sockets. */
 void llmdd__cancel_fire(llmdd__cancel *c);
 /*
- * Before this thread blocks in a call on fd: returns a slot for disarm,
- * LLMDD__CANCEL_NONE when the thread has no cancellation or no slot is free
- * (the caller then waits with llmdd__wait_fd), or LLMDD__CANCEL_FIRED when
- * the request is cancelled already (the caller gives up).
+ * The calling thread works for c (NULL: for nothing cancellable) until
+ * llmdd__cancel_leave. With `wake`, its waits wake at fire: it needs its
+ * eventfd, and -1 means that could not be made (EMFILE: the caller fails
+ * the work, naming the shortage). Without, only llmdd__cancelled() and
+ * armed sockets see the cancel (synchronous calls, which nothing cancels
+ * but finalize and a lost link, both of which wake them otherwise).
  */
+int llmdd__cancel_enter(llmdd__cancel *c, bool wake);
+void llmdd__cancel_leave(void);
+/* This thread's cancellation, for a helper thread of the same work to
+ * enter too (a tcp lane); NULL when none. */
+llmdd__cancel *llmdd__cancel_current(void);
+bool llmdd__cancelled(void);
+
+/*
+ * Before this thread blocks in a call on fd: LLMDD__CANCEL_ARMED (disarm
+ * after the call), LLMDD__CANCEL_NONE when the thread has no cancellation
+ * (the caller blocks anyway or waits with llmdd__wait_fd), or
+ * LLMDD__CANCEL_FIRED when the request is cancelled already (the caller
+ * gives up).
+ */
+#define LLMDD__CANCEL_ARMED 0
 #define LLMDD__CANCEL_NONE (-1)
 #define LLMDD__CANCEL_FIRED (-2)
-int llmdd__cancel_arm(int fd);
+int llmdd__cancel_arm(llmdd__armed *a, int fd);
 /* After the call: whether fire cut fd meanwhile (the connection is gone). */
-bool llmdd__cancel_disarm(int slot);
+bool llmdd__cancel_disarm(llmdd__armed *a);
 
 /*
  * Waits until fd is ready for `events`, the deadline passes, stop_fd (the

@@ -264,8 +264,10 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     }
     if ((st = llmdd__notify_init(dd)) != LLM_SUCCESS)
         goto err_stop_fd;
-    if ((st = dd->plane->start(dd)) != LLM_SUCCESS)
+    if ((st = llmdd__requests_init(dd)) != LLM_SUCCESS)
         goto err_notify;
+    if ((st = dd->plane->start(dd)) != LLM_SUCCESS)
+        goto err_requests;
     if (dd->opts.listen && (st = dd->plane->listen_start(dd)) != LLM_SUCCESS)
         goto err_ctrl;
 
@@ -273,7 +275,6 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     dd->next_instance = instances;
     instances = dd;
     pthread_mutex_unlock(&instances_lock);
-    llmdd__requests_restart(dd);
     pthread_mutex_lock(&dd->lock);
     dd->initialized = true;
     pthread_mutex_unlock(&dd->lock);
@@ -281,6 +282,8 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
 
 err_ctrl:
     dd->plane->stop(dd);
+err_requests:
+    llmdd__requests_fini(dd);
 err_notify:
     llmdd__notify_fini(dd);
 err_stop_fd:

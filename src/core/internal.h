@@ -152,7 +152,7 @@ struct llmdd {
     int64_t next_cache_id;
     llmdd__pool *host_pool;
     struct llmdd__keys *keys; /* cache keys (keys.c); NULL until the first */
-    struct llmdd__reqs *reqs; /* requests (request.c); NULL until the first */
+    struct llmdd__reqs *reqs; /* requests (request.c); from initialize */
     struct llmdd__notifies *notifies; /* received (notify.c); from init */
     uint64_t notify_serial; /* cache_removed rounds told link by link */
     bool notify_busy;       /* such a round is running */
@@ -236,11 +236,13 @@ void llmdd__requests_link_down(llmdd *dd, const llmdd__link *link);
 /* Posted requests on a cache being removed end with LLM_KV_CACHE_NOT_EXIST;
  * no lock of dd held. */
 void llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache);
-/* Finalize: ends every request, stops the workers, detaches the requests;
- * the state stays for threads not yet stopped. Initialize restarts it,
- * destroy frees it. */
+/* Initialize: creates the request state (its completion queue's eventfd)
+ * or restarts it after a finalize. */
+llmdd_status llmdd__requests_init(llmdd *dd);
+/* Finalize: ends every request and stops the workers; the requests stay
+ * the caller's to free. Destroy drops the instance's hold on the state,
+ * which goes with the last request. */
 void llmdd__requests_fini(llmdd *dd);
-void llmdd__requests_restart(llmdd *dd);
 void llmdd__requests_free(llmdd *dd);
 
 /*

@@ -4,37 +4,58 @@
  * The synchronous calls and the posted ones share this path: transfer.c
  * validates and plans, then either runs the request's one job on the
  * calling thread (synchronous) or queues it for the instance's workers
- * (posted). A layer-wise push queues one job per marked layer. Workers
- * sleep on a condition variable when there is nothing to run and in the
- * transport's socket waits while a job runs; none spins.
+ * (posted). A layer-wise push queues one job per marked layer.
+ *
+ * Fairness. Posted jobs wait in one queue per link, and workers take them
+ * round robin over the links that have jobs, at most LINK_SHARE of one link
+ * at once; when every worker is busy and a link below its share has a job,
+ * another worker starts (up to WORKERS_MAX; extra workers end after
+ * WORKER_IDLE_MS without work). So a link whose peer stalls holds at most
+ * LINK_SHARE workers until its jobs' deadlines, and every other link keeps
+ * being served. Workers sleep on a condition variable when there is nothing
+ * to run and in the transport's socket waits while a job runs; none spins.
  *
  * A request holds references on its link, its local cache and the remote
- * cache from post until done, so nothing it touches is freed under it.
- * It is done once no job of it is queued or running and either every byte
- * moved, a job failed, or it was cancelled. Then, on success, its
- * notification goes to the peer (after the bytes landed: the transport has
- * returned), the references go, and waiters wake.
+ * cache from post until done, so nothing it touches is freed under it. Its
+ * life is one state: ACTIVE (jobs queued, running or awaiting layer marks),
+ * ENDING (cancelled or failed: no job starts, running ones are woken),
+ * FINISHING (the status is decided; the notification of a successful
+ * transfer goes to the peer after the bytes landed, the references go) and
+ * DONE. A request with LLMDD_XFER_COMPLETION then joins the instance's
+ * completion queue, whose eventfd is readable while it is not empty.
  *
- * Cancel removes queued jobs and wakes running ones: their transport waits
- * poll the request's cancel eventfd (llmdd__tls_cancel) or block on a
- * socket they armed, which cancel shuts down, so a socket transfer gives up
- * its connection at once; a memcpy finishes first. Cancel
- * returns when the request is done, so nothing writes into the caller's
- * memory afterwards.
+ * Cancel ends the request and wakes its running jobs: a worker running a
+ * posted job is inside the request's cancellation (base/net.h) with its own
+ * eventfd, so its socket waits give up at once; a memcpy finishes first.
+ * Cancel returns when the request is done, so nothing writes into the
+ * caller's memory afterwards. A request holds no descriptor.
  *
- * Locking: reqs->lock guards the job queue, the list of requests and every
- * request's state; it is never held across I/O, a copy or another lock
- * but a cancellation's own (net.h), which is taken last.
- * Workers sleep on `work` (signalled once a job), waiters on `cond`.
+ * Lifetimes. The request state (struct llmdd__reqs) is reference-counted:
+ * the instance holds one reference until destroy and every request one until
+ * it is freed, so waits and cancels from any thread stay safe before, during
+ * and after finalize and destroy. Finalize ends every request (LLM_FAILED)
+ * and stops the workers; the requests stay the caller's to free. A request
+ * itself is counted too: the caller's reference goes at free, and a thread
+ * inside a wait holds one, so free may race waits already in progress (they
+ * return, LLM_FAILED when free cancelled the request).
+ *
+ * Locking: reqs->lock guards the queues, the lists and every request's
+ * state; it is never held across I/O, a copy or another lock but a
+ * cancellation's own (net.h), which is taken last. Workers sleep on `work`,
+ * waiters on `cond`.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 
-#define WORKERS 4
+#define WORKERS_MIN 4     /* started with the first posted request */
+#define WORKERS_MAX 64    /* more when links stall: LINK_SHARE each */
+#define LINK_SHARE 4      /* jobs of one link running at once */
+#define WORKER_IDLE_MS 10000 /* a worker above WORKERS_MIN ends when idle */
 
 typedef struct job {
     llmdd_request *req;
@@ -43,128 +64,248 @@ typedef struct job {
     struct job *next;
 } job;
 
+/* One link's posted jobs. Lives while a request of the link does. */
+typedef struct lq {
+    const llmdd__link *link; /* the key; the requests hold the link */
+    job *head, *tail;
+    int running;
+    int refs;   /* requests of this link, not yet freed */
+    bool ready; /* on the ring */
+    struct lq *next_ready;
+    struct lq *next; /* reqs->lqs */
+} lq;
+
 struct llmdd__reqs {
     pthread_mutex_t lock;
-    pthread_cond_t work; /* a job was queued, or stop: wakes one worker */
-    pthread_cond_t cond; /* a request is done: wakes its waiters */
-    job *head, *tail;
-    llmdd_request *all; /* not yet freed: finalize detaches them */
-    pthread_t threads[WORKERS];
-    int nthreads;
+    pthread_cond_t work; /* a job can start, or stop: wakes one worker */
+    pthread_cond_t cond; /* a request is done, a worker ended */
+    lq *lqs;
+    lq *ring_head, *ring_tail; /* queues with a job that may start now */
+    llmdd_request *all;        /* not yet freed */
+    llmdd_request *cq_head, *cq_tail; /* done, not yet collected */
+    int cq_fd;                 /* readable while cq_head != NULL */
+    int nthreads, idle;
     bool stop;
+    int refs; /* the instance's, and one per request not yet freed */
 };
 
+enum req_state { RQ_ACTIVE, RQ_ENDING, RQ_FINISHING, RQ_DONE };
+
 struct llmdd_request {
-    llmdd *dd;
-    struct llmdd__reqs *owner; /* NULL once detached (finalize) */
+    struct llmdd__reqs *r;
+    llmdd *dd;      /* until done */
+    lq *q;          /* posted only */
+    bool posted;
     llmdd__link *link;
     llmdd__cache *lc;
     llmdd__remote_cache *rc;
     llmdd__xfer x; /* the whole transfer; x.local and x.runs are ours */
+    uint32_t flags;
     uint32_t tnpl, nlayers;
     uint8_t *marked; /* per layer, layer-wise only */
-    uint32_t layers_left;
+    uint32_t wait_ms;
     uint8_t *notify;
     size_t notify_len;
     enum llmdd__metrics_op op;
     uint64_t bytes, t0;
-    llmdd__cancel cancel; /* fd -1 for synchronous calls */
+    llmdd__cancel cancel;
 
-    /* Guarded by owner->lock. */
-    int queued, running;
-    bool failed, cancelled, finishing, done;
+    /* Guarded by r->lock. */
+    enum req_state state;
     llmdd_status status;
-    llmdd_request *prev, *next; /* owner->all */
+    int queued, running;
+    uint32_t layers_left;
+    int refs;    /* the caller's until free, and one per thread waiting */
+    bool in_cq;
+    llmdd_request *cq_prev, *cq_next;
+    llmdd_request *prev, *next; /* r->all */
 };
 
 static void *worker_main(void *arg);
 
-/* Creates dd->reqs on first use; starts the workers when `workers`. */
-static llmdd_status
-reqs_get(llmdd *dd, bool workers, struct llmdd__reqs **out)
+static void
+reqs_unref(struct llmdd__reqs *r)
 {
-    struct llmdd__reqs *r;
-    llmdd_status st = LLM_SUCCESS;
-
-    pthread_mutex_lock(&dd->lock);
-    if ((r = dd->reqs) == NULL) {
-        r = calloc(1, sizeof(*r));
-        if (r == NULL) {
-            pthread_mutex_unlock(&dd->lock);
-            return LLM_OUT_OF_MEMORY;
-        }
-        pthread_mutex_init(&r->lock, NULL);
-        pthread_cond_init(&r->work, NULL);
-        llmdd__cond_init(&r->cond);
-        dd->reqs = r;
-    }
-    pthread_mutex_unlock(&dd->lock);
-    if (!workers)
-        goto out;
     pthread_mutex_lock(&r->lock);
-    while (!r->stop && r->nthreads < WORKERS) {
-        if (pthread_create(&r->threads[r->nthreads], NULL, worker_main, dd) !=
-            0) {
-            if (r->nthreads == 0) {
-                log_error("requests: cannot start a worker thread");
-                st = LLM_FAILED;
-            }
-            break;
-        }
-        r->nthreads++;
-    }
-    if (r->stop)
-        st = LLM_FAILED;
+    bool last = --r->refs == 0;
     pthread_mutex_unlock(&r->lock);
-out:
-    *out = r;
-    return st;
+    if (!last)
+        return;
+    close(r->cq_fd);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->work);
+    pthread_cond_destroy(&r->cond);
+    free(r);
 }
 
-/* owner->lock held. */
+llmdd_status
+llmdd__requests_init(llmdd *dd)
+{
+    struct llmdd__reqs *r = dd->reqs;
+
+    if (r != NULL) { /* initialized again after a finalize */
+        pthread_mutex_lock(&r->lock);
+        r->stop = false;
+        pthread_mutex_unlock(&r->lock);
+        return LLM_SUCCESS;
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return LLM_OUT_OF_MEMORY;
+    r->cq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (r->cq_fd < 0) {
+        log_error("requests: no eventfd for the completion queue: %s",
+                  strerror(errno));
+        free(r);
+        return LLM_FAILED;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->work, NULL);
+    llmdd__cond_init(&r->cond);
+    r->refs = 1;
+    pthread_mutex_lock(&dd->lock);
+    dd->reqs = r;
+    pthread_mutex_unlock(&dd->lock);
+    return LLM_SUCCESS;
+}
+
+/* r->lock held. One more worker, when all are busy and the cap allows. */
 static void
-list_add(struct llmdd__reqs *r, llmdd_request *q)
+worker_add(struct llmdd__reqs *r, llmdd *dd)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+
+    if (r->stop || r->idle > 0 || r->nthreads >= WORKERS_MAX)
+        return;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, worker_main, dd);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        /* The jobs wait for the workers there are. */
+        if (r->nthreads == 0)
+            log_error("requests: cannot start a worker thread: %s",
+                      strerror(rc));
+        return;
+    }
+    r->nthreads++;
+    r->idle++; /* until it takes its first job */
+}
+
+/* r->lock held. */
+static void
+list_add(llmdd_request **head, llmdd_request *q)
 {
     q->prev = NULL;
-    q->next = r->all;
-    if (r->all != NULL)
-        r->all->prev = q;
-    r->all = q;
+    q->next = *head;
+    if (*head != NULL)
+        (*head)->prev = q;
+    *head = q;
 }
 
 static void
-list_remove(struct llmdd__reqs *r, llmdd_request *q)
+list_remove(llmdd_request **head, llmdd_request *q)
 {
     if (q->prev != NULL)
         q->prev->next = q->next;
-    else if (r->all == q)
-        r->all = q->next;
+    else if (*head == q)
+        *head = q->next;
     if (q->next != NULL)
         q->next->prev = q->prev;
     q->prev = q->next = NULL;
 }
 
-/* owner->lock held. */
+/* r->lock held. Puts a queue with a job it may start on the ring. */
+static void
+ring_offer(struct llmdd__reqs *r, lq *l)
+{
+    if (l->ready || l->head == NULL || l->running >= LINK_SHARE)
+        return;
+    l->ready = true;
+    l->next_ready = NULL;
+    if (r->ring_tail != NULL)
+        r->ring_tail->next_ready = l;
+    else
+        r->ring_head = l;
+    r->ring_tail = l;
+    pthread_cond_signal(&r->work);
+}
+
+/* r->lock held. The link's queue, made on first use. */
+static lq *
+lq_get(struct llmdd__reqs *r, const llmdd__link *link)
+{
+    lq *l;
+
+    for (l = r->lqs; l != NULL; l = l->next)
+        if (l->link == link)
+            break;
+    if (l == NULL) {
+        l = calloc(1, sizeof(*l));
+        if (l == NULL)
+            return NULL;
+        l->link = link;
+        l->next = r->lqs;
+        r->lqs = l;
+    }
+    l->refs++;
+    return l;
+}
+
+static void
+lq_put(struct llmdd__reqs *r, lq *l)
+{
+    if (l == NULL || --l->refs > 0)
+        return;
+    if (l->ready) { /* on the ring with its jobs dequeued */
+        lq *prev = NULL;
+        for (lq *x = r->ring_head; x != l; prev = x, x = x->next_ready)
+            ;
+        if (prev != NULL)
+            prev->next_ready = l->next_ready;
+        else
+            r->ring_head = l->next_ready;
+        if (r->ring_tail == l)
+            r->ring_tail = prev;
+    }
+    for (lq **p = &r->lqs; *p != NULL; p = &(*p)->next) {
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    }
+    free(l); /* no job left: its requests are freed */
+}
+
+/* r->lock held. */
 static void
 enqueue(struct llmdd__reqs *r, job *j)
 {
+    llmdd_request *q = j->req;
+    lq *l = q->q;
+
     j->next = NULL;
-    if (r->tail != NULL)
-        r->tail->next = j;
+    if (l->tail != NULL)
+        l->tail->next = j;
     else
-        r->head = j;
-    r->tail = j;
-    j->req->queued++;
-    pthread_cond_signal(&r->work); /* one job, one worker */
+        l->head = j;
+    l->tail = j;
+    q->queued++;
+    ring_offer(r, l);
+    worker_add(r, q->dd);
 }
 
-/* owner->lock held. Drops the request's queued jobs. */
+/* r->lock held. Drops the request's queued jobs. */
 static void
-dequeue_all(struct llmdd__reqs *r, llmdd_request *q)
+dequeue_all(llmdd_request *q)
 {
-    job **p = &r->head;
+    lq *l = q->q;
 
-    r->tail = NULL;
+    if (l == NULL)
+        return;
+    job **p = &l->head;
+    l->tail = NULL;
     while (*p != NULL) {
         job *j = *p;
         if (j->req == q) {
@@ -172,39 +313,89 @@ dequeue_all(struct llmdd__reqs *r, llmdd_request *q)
             q->queued--;
             free(j);
         } else {
-            r->tail = j;
+            l->tail = j;
             p = &j->next;
         }
     }
 }
 
-/* owner->lock held. Whether the request can finish now; claims it if so. */
+/* r->lock held. Whether the request can finish now; claims it if so. */
 static bool
 finish_claim(llmdd_request *q)
 {
-    if (q->done || q->finishing || q->queued > 0 || q->running > 0)
+    if (q->queued > 0 || q->running > 0)
         return false;
-    if (!q->failed && !q->cancelled && q->layers_left > 0)
-        return false;
-    q->finishing = true;
-    if (q->cancelled && !q->failed)
-        q->status = LLM_FAILED;
-    else if (!q->failed)
+    if (q->state == RQ_ACTIVE && q->layers_left == 0) {
         q->status = LLM_SUCCESS;
+    } else if (q->state != RQ_ENDING) {
+        return false;
+    }
+    q->state = RQ_FINISHING;
     return true;
+}
+
+/* r->lock held. A request ends: fails with `why` unless it ended already. */
+static void
+end_locked(llmdd_request *q, llmdd_status why)
+{
+    if (q->state != RQ_ACTIVE)
+        return;
+    q->state = RQ_ENDING;
+    q->status = why;
+    dequeue_all(q);
+    llmdd__cancel_fire(&q->cancel);
+}
+
+/* r->lock held. */
+static void
+cq_remove(struct llmdd__reqs *r, llmdd_request *q)
+{
+    if (!q->in_cq)
+        return;
+    if (q->cq_prev != NULL)
+        q->cq_prev->cq_next = q->cq_next;
+    else
+        r->cq_head = q->cq_next;
+    if (q->cq_next != NULL)
+        q->cq_next->cq_prev = q->cq_prev;
+    else
+        r->cq_tail = q->cq_prev;
+    q->in_cq = false;
+    if (r->cq_head == NULL) {
+        uint64_t v;
+        (void)!read(r->cq_fd, &v, sizeof(v));
+    }
+}
+
+/* r->lock held. */
+static void
+cq_add(struct llmdd__reqs *r, llmdd_request *q)
+{
+    q->cq_next = NULL;
+    q->cq_prev = r->cq_tail;
+    if (r->cq_tail != NULL)
+        r->cq_tail->cq_next = q;
+    else
+        r->cq_head = q;
+    r->cq_tail = q;
+    q->in_cq = true;
+    if (q->cq_prev == NULL) {
+        uint64_t one = 1;
+        (void)!write(r->cq_fd, &one, sizeof(one));
+    }
 }
 
 /*
  * Called without locks by whoever claimed the finish: the notification of a
- * successful transfer, then the references, then done.
+ * successful transfer (bounded by the request's own deadline), then the
+ * references, then done.
  */
 static void
-finish(llmdd_request *q)
+finish(llmdd_request *q, int64_t deadline)
 {
-    struct llmdd__reqs *r = q->owner;
+    struct llmdd__reqs *r = q->r;
 
     if (q->status == LLM_SUCCESS && q->notify_len > 0) {
-        int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(q->dd);
         llmdd_status st =
             llmdd__notify_send(q->link, q->notify, q->notify_len, deadline);
         if (st != LLM_SUCCESS)
@@ -219,7 +410,9 @@ finish(llmdd_request *q)
     q->rc = NULL;
     q->link = NULL;
     q->lc = NULL;
-    q->done = true;
+    q->state = RQ_DONE;
+    if ((q->flags & LLMDD_XFER_COMPLETION) && q->refs > 0)
+        cq_add(r, q);
     pthread_cond_broadcast(&r->cond);
     pthread_mutex_unlock(&r->lock);
 }
@@ -236,47 +429,49 @@ layer_xfer(const llmdd_request *q, uint32_t layer)
     return x;
 }
 
-/* Runs one job on the calling thread and finishes the request if due. */
+/*
+ * Runs one job on the calling thread (a worker, or the caller of a
+ * synchronous call), and finishes the request if this was its last.
+ */
 static void
 job_run(struct llmdd__reqs *r, job *j)
 {
     llmdd_request *q = j->req;
-    llmdd_status st;
+    llmdd_status st = LLM_SUCCESS;
 
     pthread_mutex_lock(&r->lock);
     q->queued--;
-    bool skip = q->failed || q->cancelled;
-    if (!skip)
+    bool go = q->state == RQ_ACTIVE;
+    if (go)
         q->running++;
     pthread_mutex_unlock(&r->lock);
 
-    if (!skip) {
+    if (go) {
         llmdd__xfer x = j->layer < 0 ? q->x : layer_xfer(q, (uint32_t)j->layer);
         x.deadline_ms = j->deadline;
         if (llmdd__now_ms() >= x.deadline_ms) {
             st = LLM_TIMEOUT;
+        } else if (llmdd__cancel_enter(&q->cancel, q->posted) != 0) {
+            st = LLM_OUT_OF_MEMORY; /* no eventfd (logged): EMFILE */
         } else {
-            llmdd__tls_cancel = q->cancel.fd >= 0 ? &q->cancel : NULL;
             st = q->link->ops->xfer(q->link, &x);
-            llmdd__tls_cancel = NULL;
+            llmdd__cancel_leave();
         }
         if (st == LLM_KV_CACHE_NOT_EXIST)
             llmdd__link_forget(q->link, q->rc->id);
-        pthread_mutex_lock(&r->lock);
+    }
+    pthread_mutex_lock(&r->lock);
+    if (go) {
         q->running--;
-        if (st == LLM_SUCCESS) {
+        if (st == LLM_SUCCESS)
             q->layers_left--;
-        } else if (!q->failed) {
-            q->failed = true;
-            q->status = q->cancelled ? LLM_FAILED : st;
-        }
-    } else {
-        pthread_mutex_lock(&r->lock);
+        else
+            end_locked(q, st);
     }
     bool fin = finish_claim(q);
     pthread_mutex_unlock(&r->lock);
     if (fin)
-        finish(q);
+        finish(q, j->deadline);
 }
 
 static void *
@@ -287,33 +482,64 @@ worker_main(void *arg)
 
     pthread_mutex_lock(&r->lock);
     for (;;) {
-        while (r->head == NULL && !r->stop)
-            pthread_cond_wait(&r->work, &r->lock);
-        if (r->head == NULL)
-            break;
-        job *j = r->head;
-        r->head = j->next;
-        if (r->head == NULL)
-            r->tail = NULL;
+        bool timed_out = false;
+        while (r->ring_head == NULL && !r->stop && !timed_out) {
+            if (r->nthreads > WORKERS_MIN) {
+                int64_t until = llmdd__now_ms() + WORKER_IDLE_MS;
+                llmdd__cond_wait_until(&r->work, &r->lock, until);
+                timed_out = llmdd__now_ms() >= until;
+            } else {
+                pthread_cond_wait(&r->work, &r->lock);
+            }
+        }
+        if (r->ring_head == NULL)
+            break; /* stopping, or an extra worker without work */
+        lq *l = r->ring_head;
+        r->ring_head = l->next_ready;
+        if (r->ring_head == NULL)
+            r->ring_tail = NULL;
+        l->ready = false;
+        job *j = l->head;
+        if (j == NULL)
+            continue; /* its jobs were dequeued (cancel) meanwhile */
+        l->head = j->next;
+        if (l->head == NULL)
+            l->tail = NULL;
+        l->running++;
+        l->refs++; /* the request may be freed once the job finished it */
+        r->idle--;
+        ring_offer(r, l); /* its next job, behind the other links */
+        if (r->ring_head != NULL)
+            worker_add(r, dd);
         pthread_mutex_unlock(&r->lock);
         job_run(r, j);
         free(j);
         pthread_mutex_lock(&r->lock);
+        r->idle++;
+        l->running--;
+        ring_offer(r, l);
+        lq_put(r, l);
     }
+    r->idle--;
+    r->nthreads--;
+    pthread_cond_broadcast(&r->cond);
     pthread_mutex_unlock(&r->lock);
     return NULL;
 }
 
+/* The request's own memory; its reference on r goes last. */
 static void
 request_destroy(llmdd_request *q)
 {
-    if (q->cancel.fd >= 0)
-        llmdd__cancel_fini(&q->cancel);
+    struct llmdd__reqs *r = q->r;
+
+    llmdd__cancel_fini(&q->cancel);
     free((void *)q->x.runs);
     free((void *)q->x.local);
     free(q->marked);
     free(q->notify);
     free(q);
+    reqs_unref(r);
 }
 
 /* Releases what a plan holds: its references and its arrays. */
@@ -331,51 +557,53 @@ llmdd_status
 llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
                       llmdd_request **req_out)
 {
-    bool async = req_out != NULL;
-    bool layerwise = async && (p->flags & LLMDD_XFER_LAYERWISE) != 0;
-    struct llmdd__reqs *r;
+    bool posted = req_out != NULL;
+    bool layerwise = posted && (p->flags & LLMDD_XFER_LAYERWISE) != 0;
+    struct llmdd__reqs *r = dd->reqs;
     llmdd_request *q = NULL;
     job *j = NULL;
-    llmdd_status st;
+    llmdd_status st = LLM_OUT_OF_MEMORY;
 
-    if ((st = reqs_get(dd, async, &r)) != LLM_SUCCESS)
-        goto err_plan;
-    st = LLM_OUT_OF_MEMORY;
     q = calloc(1, sizeof(*q));
     if (q == NULL)
         goto err_plan;
+    q->r = r;
     q->dd = dd;
-    q->owner = r;
-    q->cancel.fd = -1;
+    q->posted = posted;
+    q->flags = posted ? p->flags : 0;
+    q->wait_ms = llmdd__wait_ms(dd);
     q->layers_left = 1;
+    q->refs = 1;
+    llmdd__cancel_init(&q->cancel);
     if (layerwise) {
         q->tnpl = p->tnpl;
         q->nlayers = p->x.count / p->tnpl;
         q->layers_left = q->nlayers;
         q->marked = calloc(q->nlayers, 1);
         if (q->marked == NULL)
-            goto err_plan;
+            goto err_req;
     }
     if (p->notify_len > 0) {
         q->notify = malloc(p->notify_len);
         if (q->notify == NULL)
-            goto err_plan;
+            goto err_req;
         memcpy(q->notify, p->notify, p->notify_len);
         q->notify_len = p->notify_len;
     }
-    if (async) {
-        if (llmdd__cancel_init(&q->cancel) != 0)
-            goto err_plan;
-    }
     if (!layerwise && (j = malloc(sizeof(*j))) == NULL)
-        goto err_plan;
+        goto err_req;
 
     pthread_mutex_lock(&r->lock);
     if (r->stop) { /* finalize has begun */
         pthread_mutex_unlock(&r->lock);
         st = LLM_FAILED;
-        goto err_plan;
+        goto err_req;
     }
+    if (posted && (q->q = lq_get(r, p->link)) == NULL) {
+        pthread_mutex_unlock(&r->lock);
+        goto err_req;
+    }
+    r->refs++;
     /* The request owns the plan and its references from here on. */
     q->x = p->x;
     q->op = p->op;
@@ -384,33 +612,50 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
     q->link = p->link;
     q->lc = p->lc;
     q->rc = p->rc;
-    list_add(r, q);
+    list_add(&r->all, q);
+    /* Before any worker can end it: a completion may be collected on
+     * another thread before this call returns, and the caller's handle
+     * must be there by then. */
+    if (posted)
+        *req_out = q;
     if (j != NULL) {
         *j = (job){.req = q, .layer = -1, .deadline = p->x.deadline_ms};
-        if (async)
+        if (posted)
             enqueue(r, j);
         else
             q->queued++;
     }
     pthread_mutex_unlock(&r->lock);
 
-    if (async) {
-        *req_out = q;
+    if (posted)
         return LLM_SUCCESS;
-    }
     job_run(r, j); /* the synchronous call: this thread moves the bytes */
     free(j);
     st = q->status;
     llmdd_request_free(q);
     return st;
 
+err_req:
+    llmdd__cancel_fini(&q->cancel);
+    free(q->marked);
+    free(q->notify);
+    free(q);
+    q = NULL;
 err_plan:
+    if (st == LLM_OUT_OF_MEMORY)
+        log_error("requests: out of memory for a %s request",
+                  posted ? "posted" : "synchronous");
     free(j);
-    if (q != NULL)
-        request_destroy(q);
     llmdd__metrics_xfer(dd, p->op, p->link->ops, st, p->bytes, p->t0);
     plan_release(dd, p);
     return st;
+}
+
+/* r->lock held. A thread leaves a request it held; the last frees it. */
+static bool
+request_unref(llmdd_request *q)
+{
+    return --q->refs == 0;
 }
 
 llmdd_status
@@ -418,52 +663,33 @@ llmdd_request_wait(llmdd_request *q, int32_t timeout_ms)
 {
     if (q == NULL || timeout_ms < -1)
         return LLM_PARAM_INVALID;
-    struct llmdd__reqs *r = q->owner;
-    if (r == NULL) /* detached by finalize: done */
-        return q->status;
+    struct llmdd__reqs *r = q->r;
     int64_t deadline =
         timeout_ms < 0 ? INT64_MAX : llmdd__now_ms() + timeout_ms;
     pthread_mutex_lock(&r->lock);
-    while (!q->done && timeout_ms != 0 && llmdd__now_ms() < deadline)
+    q->refs++;
+    while (q->state != RQ_DONE && timeout_ms != 0 &&
+           llmdd__now_ms() < deadline)
         llmdd__cond_wait_until(&r->cond, &r->lock, deadline);
-    llmdd_status st = q->done ? q->status : LLM_WAIT_PROC_TIMEOUT;
+    llmdd_status st = q->state == RQ_DONE ? q->status : LLM_WAIT_PROC_TIMEOUT;
+    bool last = request_unref(q);
     pthread_mutex_unlock(&r->lock);
+    if (last) /* freed meanwhile by another thread */
+        request_destroy(q);
     return st;
 }
 
-/*
- * owner->lock held; drops it meanwhile. Ends q: no new job of it runs, and
- * running ones are woken. Does not wait for them: it may run on a thread
- * that is itself running a job of q (a transport dropping the link).
- */
+/* r->lock held. Ends q and waits until it is done. */
 static void
-end_locked(struct llmdd__reqs *r, llmdd_request *q, llmdd_status why)
+cancel_locked(struct llmdd__reqs *r, llmdd_request *q)
 {
-    if (q->done || q->finishing || q->cancelled)
-        return; /* a finishing request has its status already */
-    q->cancelled = true;
-    if (why != LLM_FAILED && !q->failed) {
-        q->failed = true;
-        q->status = why;
-    }
-    dequeue_all(r, q);
-    if (q->cancel.fd >= 0)
-        llmdd__cancel_fire(&q->cancel);
-    else
-        atomic_store(&q->cancel.flag, true);
+    end_locked(q, LLM_FAILED);
     if (finish_claim(q)) {
         pthread_mutex_unlock(&r->lock);
-        finish(q);
+        finish(q, 0);
         pthread_mutex_lock(&r->lock);
     }
-}
-
-/* owner->lock held. Ends q and waits until it is done. */
-static void
-cancel_locked(struct llmdd__reqs *r, llmdd_request *q, llmdd_status why)
-{
-    end_locked(r, q, why);
-    while (!q->done)
+    while (q->state != RQ_DONE)
         pthread_cond_wait(&r->cond, &r->lock);
 }
 
@@ -472,12 +698,14 @@ llmdd_request_cancel(llmdd_request *q)
 {
     if (q == NULL)
         return LLM_PARAM_INVALID;
-    struct llmdd__reqs *r = q->owner;
-    if (r == NULL)
-        return LLM_SUCCESS;
+    struct llmdd__reqs *r = q->r;
     pthread_mutex_lock(&r->lock);
-    cancel_locked(r, q, LLM_FAILED);
+    q->refs++;
+    cancel_locked(r, q);
+    bool last = request_unref(q);
     pthread_mutex_unlock(&r->lock);
+    if (last)
+        request_destroy(q);
     return LLM_SUCCESS;
 }
 
@@ -486,17 +714,16 @@ llmdd_request_layer_ready(llmdd_request *q, uint32_t layer)
 {
     if (q == NULL || q->marked == NULL || layer >= q->nlayers)
         return LLM_PARAM_INVALID;
-    struct llmdd__reqs *r = q->owner;
-    if (r == NULL)
-        return LLM_SUCCESS; /* ended by finalize; its wait says how */
+    struct llmdd__reqs *r = q->r;
     job *j = malloc(sizeof(*j));
-    if (j == NULL)
+    if (j == NULL) {
+        log_error("requests: out of memory for a layer mark");
         return LLM_OUT_OF_MEMORY;
+    }
     /* Each layer's wait time counts from its mark. */
-    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(q->dd);
+    int64_t deadline = llmdd__now_ms() + q->wait_ms;
     pthread_mutex_lock(&r->lock);
-    if (q->marked[layer] || q->done || q->finishing || q->cancelled ||
-        q->failed) {
+    if (q->marked[layer] || q->state != RQ_ACTIVE) {
         pthread_mutex_unlock(&r->lock);
         free(j);
         return LLM_SUCCESS; /* a second mark, or an ended request */
@@ -513,21 +740,59 @@ llmdd_request_free(llmdd_request *q)
 {
     if (q == NULL)
         return;
-    struct llmdd__reqs *r = q->owner;
-    if (r != NULL) {
-        pthread_mutex_lock(&r->lock);
-        cancel_locked(r, q, LLM_FAILED);
-        list_remove(r, q);
-        pthread_mutex_unlock(&r->lock);
+    struct llmdd__reqs *r = q->r;
+    pthread_mutex_lock(&r->lock);
+    cancel_locked(r, q);
+    list_remove(&r->all, q);
+    cq_remove(r, q);
+    lq_put(r, q->q);
+    q->q = NULL;
+    bool last = request_unref(q);
+    pthread_mutex_unlock(&r->lock);
+    if (last)
+        request_destroy(q);
+}
+
+int
+llmdd_completion_fd(llmdd *dd)
+{
+    if (dd == NULL || llmdd__ready(dd) != LLM_SUCCESS)
+        return -1;
+    return dd->reqs->cq_fd;
+}
+
+llmdd_status
+llmdd_get_completions(llmdd *dd, llmdd_request **out, size_t cap,
+                      size_t *count_out)
+{
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (count_out == NULL || (out == NULL && cap > 0))
+        return LLM_PARAM_INVALID;
+    struct llmdd__reqs *r = dd->reqs;
+    size_t k = 0;
+    pthread_mutex_lock(&r->lock);
+    while (k < cap && r->cq_head != NULL) {
+        llmdd_request *q = r->cq_head;
+        cq_remove(r, q);
+        out[k++] = q;
     }
-    request_destroy(q);
+    pthread_mutex_unlock(&r->lock);
+    *count_out = k;
+    return LLM_SUCCESS;
 }
 
 /*
- * Ends the requests that hold `link` (it went down) or `cache` (it is being
- * removed) with LLM_NOT_YET_LINK or LLM_KV_CACHE_NOT_EXIST, without waiting
- * for their running jobs (cache removal waits for the cache's references,
- * which the requests keep until done). No lock of dd may be held.
+ * Ends the posted requests that hold `link` (it went down) or `cache` (it
+ * is being removed) with LLM_NOT_YET_LINK or LLM_KV_CACHE_NOT_EXIST,
+ * without waiting for their running jobs (cache removal waits for the
+ * cache's references, which the requests keep until done). Synchronous
+ * calls end by themselves within their wait time, with their transport's
+ * own status. No lock of dd may be held.
  */
 static void
 end_matching(llmdd *dd, const llmdd__link *link, const llmdd__cache *cache)
@@ -540,17 +805,21 @@ end_matching(llmdd *dd, const llmdd__link *link, const llmdd__cache *cache)
     pthread_mutex_lock(&r->lock);
     for (;;) {
         llmdd_request *q = r->all;
-        /* Synchronous calls end by themselves within their wait time, with
-         * their transport's own status, as before requests existed. */
         while (q != NULL &&
-               (q->done || q->finishing || q->cancelled || q->cancel.fd < 0 ||
+               (!q->posted || q->state != RQ_ACTIVE ||
                 (link != NULL && q->link != link) ||
                 (cache != NULL && q->lc != cache)))
             q = q->next;
         if (q == NULL)
             break;
-        end_locked(r, q,
-                   link != NULL ? LLM_NOT_YET_LINK : LLM_KV_CACHE_NOT_EXIST);
+        end_locked(q, link != NULL ? LLM_NOT_YET_LINK : LLM_KV_CACHE_NOT_EXIST);
+        if (finish_claim(q)) {
+            /* Nothing of it runs: finish it here, with the lock dropped
+             * (it is no longer ACTIVE: the search moves on). */
+            pthread_mutex_unlock(&r->lock);
+            finish(q, 0);
+            pthread_mutex_lock(&r->lock);
+        }
     }
     pthread_mutex_unlock(&r->lock);
 }
@@ -567,11 +836,6 @@ llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache)
     end_matching(dd, NULL, cache);
 }
 
-/*
- * The request state itself stays until llmdd_destroy: threads of the
- * instance that finalize has not stopped yet (a transport's serving thread
- * dropping a link) may still look at it.
- */
 void
 llmdd__requests_fini(llmdd *dd)
 {
@@ -582,32 +846,22 @@ llmdd__requests_fini(llmdd *dd)
     pthread_mutex_lock(&r->lock);
     r->stop = true;
     pthread_cond_broadcast(&r->work);
-    for (llmdd_request *q = r->all; q != NULL; q = q->next)
-        cancel_locked(r, q, LLM_FAILED);
-    /* The requests stay the caller's to free; they no longer need us. */
-    while (r->all != NULL) {
+    for (;;) {
         llmdd_request *q = r->all;
-        list_remove(r, q);
-        q->owner = NULL;
+        while (q != NULL && q->state == RQ_DONE)
+            q = q->next;
+        if (q == NULL)
+            break;
+        q->refs++; /* the caller may free it while we wait */
+        cancel_locked(r, q);
+        if (request_unref(q)) {
+            pthread_mutex_unlock(&r->lock);
+            request_destroy(q);
+            pthread_mutex_lock(&r->lock);
+        }
     }
-    int n = r->nthreads;
-    pthread_mutex_unlock(&r->lock);
-    for (int i = 0; i < n; i++)
-        pthread_join(r->threads[i], NULL);
-    pthread_mutex_lock(&r->lock);
-    r->nthreads = 0;
-    pthread_mutex_unlock(&r->lock);
-}
-
-void
-llmdd__requests_restart(llmdd *dd)
-{
-    struct llmdd__reqs *r = dd->reqs;
-
-    if (r == NULL)
-        return;
-    pthread_mutex_lock(&r->lock);
-    r->stop = false;
+    while (r->nthreads > 0)
+        pthread_cond_wait(&r->cond, &r->lock);
     pthread_mutex_unlock(&r->lock);
 }
 
@@ -619,8 +873,5 @@ llmdd__requests_free(llmdd *dd)
     if (r == NULL)
         return;
     dd->reqs = NULL;
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->work);
-    pthread_cond_destroy(&r->cond);
-    free(r);
+    reqs_unref(r);
 }

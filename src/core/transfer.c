@@ -68,7 +68,8 @@ check_args(llmdd *dd, const xfer_args *a)
         const llmdd_xfer_opts *o = a->opts;
         if (a->req_out == NULL)
             return LLM_PARAM_INVALID;
-        if (o != NULL && ((o->flags & ~LLMDD_XFER_LAYERWISE) != 0 ||
+        if (o != NULL && ((o->flags & ~(LLMDD_XFER_LAYERWISE |
+                                        LLMDD_XFER_COMPLETION)) != 0 ||
                           ((o->flags & LLMDD_XFER_LAYERWISE) && !a->write) ||
                           o->notify_len > LLMDD_NOTIFY_MAX ||
                           (o->notify == NULL && o->notify_len > 0)))

@@ -810,7 +810,7 @@ test_async_bad_arguments(void **state)
     llmdd_xfer_opts lw = {.flags = LLMDD_XFER_LAYERWISE};
     llmdd_xfer_opts nullmsg = {.notify = NULL, .notify_len = 4};
     llmdd_xfer_opts big = {.notify = "x", .notify_len = LLMDD_NOTIFY_MAX + 1};
-    llmdd_xfer_opts flag = {.flags = 0x2};
+    llmdd_xfer_opts flag = {.flags = 0x4}; /* no such flag */
     llmdd_kv_ext_param three = {{-1, -1}, {-1, -1}, 3};
     uint64_t b = 0;
 

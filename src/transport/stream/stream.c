@@ -79,21 +79,20 @@ recv_wait(llmdd *dd, int fd, struct msghdr *mh, int64_t deadline)
 {
     for (;;) {
         if (deadline - llmdd__now_ms() > STREAM_SLICE_MS) {
-            int slot = llmdd__cancel_arm(fd);
-            if (slot == LLMDD__CANCEL_FIRED)
+            llmdd__armed a;
+            int arm = llmdd__cancel_arm(&a, fd);
+            if (arm == LLMDD__CANCEL_FIRED)
                 return -1;
-            if (slot != LLMDD__CANCEL_NONE || llmdd__tls_cancel == NULL) {
-                ssize_t k = recvmsg(fd, mh, 0);
-                int err = errno;
-                if (llmdd__cancel_disarm(slot))
-                    return -1; /* cancelled: the socket is cut */
-                if (k >= 0)
-                    return k;
-                if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
-                    return -1;
-                /* A slice without data, or a socket that is not in
-                 * blocking mode after all: the rest of the wait polls. */
-            }
+            ssize_t k = recvmsg(fd, mh, 0);
+            int err = errno;
+            if (arm == LLMDD__CANCEL_ARMED && llmdd__cancel_disarm(&a))
+                return -1; /* cancelled: the socket is cut */
+            if (k >= 0)
+                return k;
+            if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
+                return -1;
+            /* A slice without data, or a socket that is not in blocking
+             * mode after all: the rest of the wait polls. */
         }
         if (llmdd__wait_fd(dd->stop_fd, fd, POLLIN, deadline) != 1)
             return -1;

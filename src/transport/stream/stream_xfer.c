@@ -465,9 +465,11 @@ lane_main(void *p)
 {
     lane *l = p;
 
-    /* A cancelled request wakes this lane's waits too. */
-    llmdd__tls_cancel = l->cancel;
+    /* A cancelled request wakes this lane's waits too; a lane without its
+     * eventfd is woken by its armed socket and the others' cut. */
+    (void)llmdd__cancel_enter(l->cancel, l->cancel != NULL);
     lane_run(l);
+    llmdd__cancel_leave();
     return NULL;
 }
 
@@ -503,7 +505,7 @@ stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
                           .tmp = tmp + (size_t)i * x->nruns,
                           .sp = &sp,
                           .fd = fds[i],
-                          .cancel = llmdd__tls_cancel};
+                          .cancel = llmdd__cancel_current()};
     }
     /* A lane whose thread does not start is run here after the first. */
     for (int i = 1; i < n; i++)
