@@ -372,6 +372,18 @@ LLMDD_API llmdd_status llmdd_request_layer_ready(llmdd_request *req,
 LLMDD_API void llmdd_request_free(llmdd_request *req); /* cancels; NULL ok */
 
 /*
+ * Liveness (0.3): a round trip on the control connection, answered by the
+ * peer's control thread (never behind a transfer). LLM_SUCCESS when the
+ * peer answered within timeout_ms (> 0, else LLM_PARAM_INVALID);
+ * LLM_NOT_YET_LINK when there is no link or it died meanwhile; LLM_TIMEOUT.
+ * Links also watch themselves: each side sends heartbeats at
+ * llm.HeartbeatInterval and drops a link whose peer stayed silent for the
+ * peer's interval times llm.HeartbeatMisses (docs/model.md, "Liveness").
+ */
+LLMDD_API llmdd_status llmdd_check_link(llmdd *dd, uint64_t cluster_id,
+                                        int32_t timeout_ms);
+
+/*
  * Completions (0.3): one descriptor per instance, none per request.
  * llmdd_completion_fd is readable (level-triggered, like llmdd_notify_fd)
  * while requests posted with LLMDD_XFER_COMPLETION have ended and wait to

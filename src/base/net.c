@@ -403,11 +403,14 @@ sock_same_host(int fd)
 }
 
 void
-llmdd__sock_tune(int fd)
+llmdd__sock_tune(int fd, uint32_t user_timeout_ms)
 {
     int one = 1;
+    unsigned int uto = user_timeout_ms;
 
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (uto > 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
     /* Where the system does not offer it, the default stays. */
     if (sock_same_host(fd))
         (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, LLMDD__SAME_HOST_CC,

@@ -128,8 +128,12 @@ int llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
                    const llmdd__sockaddr *from, int64_t deadline_ms,
                    llmdd_status *status);
 
-/* TCP_NODELAY and, on a connection within this host, LLMDD__SAME_HOST_CC. */
-void llmdd__sock_tune(int fd);
+/*
+ * TCP_NODELAY, TCP_USER_TIMEOUT (user_timeout_ms: how long sent data may
+ * stay unacknowledged before the kernel gives up on the connection; 0: the
+ * system's) and, on a connection within this host, LLMDD__SAME_HOST_CC.
+ */
+void llmdd__sock_tune(int fd, uint32_t user_timeout_ms);
 /* Keepalive, for control sockets, so a dead host shows. */
 void llmdd__sock_keepalive(int fd);
 

@@ -45,6 +45,32 @@ llmdd__wire_frame_encode(uint8_t *buf, uint16_t type, uint32_t len)
     llmdd__put_u32(&w, len);
 }
 
+static void
+terms_put(llmdd__wbuf *w, const llmdd__link_terms *t)
+{
+    llmdd__put_u32(w, t->hb_ms);
+    llmdd__put_u32(w, t->notify_window);
+    llmdd__put_u32(w, t->conns_max);
+}
+
+/* A peer's terms are claims: each must lie in its documented range. */
+static int
+terms_get(llmdd__rbuf *r, llmdd__link_terms *t, bool server)
+{
+    t->hb_ms = llmdd__get_u32(r);
+    t->notify_window = llmdd__get_u32(r);
+    t->conns_max = llmdd__get_u32(r);
+    if (t->hb_ms != 0 &&
+        (t->hb_ms < LLMDD_WIRE_HB_MIN_MS || t->hb_ms > LLMDD_WIRE_HB_MAX_MS))
+        return -1;
+    if (t->notify_window < 1 || t->notify_window > LLMDD_WIRE_WINDOW_MAX)
+        return -1;
+    if (server ? t->conns_max < 2 || t->conns_max > LLMDD_WIRE_CONNS_MAX
+               : t->conns_max != 0)
+        return -1;
+    return 0;
+}
+
 size_t
 llmdd__wire_hello_encode(const llmdd__hello *m, uint8_t *buf, size_t cap)
 {
@@ -60,6 +86,7 @@ llmdd__wire_hello_encode(const llmdd__hello *m, uint8_t *buf, size_t cap)
         llmdd__put_u8(&w, m->auth);
         llmdd__put_bytes(&w, m->cnonce, sizeof(m->cnonce));
         llmdd__put_name(&w, m->transport, LLMDD_WIRE_NAME_MAX);
+        terms_put(&w, &m->terms);
     } else {
         llmdd__put_bytes(&w, m->token, sizeof(m->token));
         llmdd__put_u32(&w, m->flags);
@@ -84,7 +111,7 @@ llmdd__wire_hello_decode(const uint8_t *buf, size_t len, llmdd__hello *out)
         m.auth = llmdd__get_u8(&r);
         llmdd__get_bytes(&r, m.cnonce, sizeof(m.cnonce));
         llmdd__get_name(&r, m.transport, LLMDD_WIRE_NAME_MAX);
-        if (m.auth > 1)
+        if (m.auth > 1 || terms_get(&r, &m.terms, false) != 0)
             return -1;
     } else if (m.kind == CONN_DATA) {
         llmdd__get_bytes(&r, m.token, sizeof(m.token));
@@ -114,6 +141,7 @@ llmdd__wire_hello_reply_encode(const llmdd__hello_reply *m, uint8_t *buf,
     llmdd__put_bytes(&w, m->snonce, sizeof(m->snonce));
     llmdd__put_bytes(&w, m->mac, sizeof(m->mac));
     llmdd__put_name(&w, m->transport, LLMDD_WIRE_NAME_MAX);
+    terms_put(&w, &m->terms);
     return llmdd__wdone(&w);
 }
 
@@ -134,6 +162,9 @@ llmdd__wire_hello_reply_decode(const uint8_t *buf, size_t len,
     llmdd__get_bytes(&r, m.snonce, sizeof(m.snonce));
     llmdd__get_bytes(&r, m.mac, sizeof(m.mac));
     llmdd__get_name(&r, m.transport, LLMDD_WIRE_NAME_MAX);
+    /* A refusal carries no terms worth checking; an answer must. */
+    if (terms_get(&r, &m.terms, true) != 0 && m.status == LLM_SUCCESS)
+        return -1;
     if (llmdd__rdone(&r) != 0 || m.auth > 1)
         return -1;
     *out = m;

@@ -47,6 +47,10 @@ enum llmdd__msg_type {
     WMSG_KEY_QUERY = 13, /* control connection: a cache key lookup */
     WMSG_KEY_REPLY = 14,
     WMSG_NOTIFY = 15, /* control connection: raw bytes, 0..LLMDD_NOTIFY_MAX */
+    WMSG_PING = 16,      /* u64 sequence: answered at once by a PONG */
+    WMSG_PONG = 17,      /* the PING's sequence */
+    WMSG_HEARTBEAT = 18, /* empty: the sender is alive */
+    WMSG_CREDIT = 19,    /* u32: notifications the receiver took */
     WMSG_QUERY = 20,
     WMSG_QUERY_REPLY = 21,
     WMSG_READ = 22,
@@ -58,6 +62,23 @@ enum llmdd__msg_type {
 _Static_assert(WMSG_UCX_LAST < WMSG_TYPE_MAX, "the ucx range is too high");
 
 enum llmdd__conn_kind { CONN_CTRL = 1, CONN_DATA = 2 };
+
+/*
+ * What each side of a control connection announces in its HELLO or
+ * HELLO_REPLY (protocol version 2), checked by the decoders: the interval
+ * it sends heartbeats at (0: none), how many notifications it takes from
+ * the peer before it returns credit, and (the server's only) how many data
+ * connections each way it serves a link.
+ */
+#define LLMDD_WIRE_HB_MIN_MS 100
+#define LLMDD_WIRE_HB_MAX_MS 60000
+#define LLMDD_WIRE_WINDOW_MAX 4096
+#define LLMDD_WIRE_CONNS_MAX 17 /* the stream data plane's pool */
+typedef struct {
+    uint32_t hb_ms;
+    uint32_t notify_window; /* 1..LLMDD_WIRE_WINDOW_MAX */
+    uint32_t conns_max;     /* 2..LLMDD_WIRE_CONNS_MAX; the client sends 0 */
+} llmdd__link_terms;
 
 typedef struct {
     uint16_t type;
@@ -82,6 +103,7 @@ typedef struct {
     uint8_t auth;
     uint8_t cnonce[LLMDD_WIRE_NONCE_LEN];
     char transport[LLMDD_WIRE_NAME_MAX + 1];
+    llmdd__link_terms terms;
     /* CONN_DATA */
     uint8_t token[16];
     uint32_t flags;
@@ -98,6 +120,7 @@ typedef struct {
     uint8_t snonce[LLMDD_WIRE_NONCE_LEN];
     uint8_t mac[LLMDD_WIRE_MAC_LEN];
     char transport[LLMDD_WIRE_NAME_MAX + 1];
+    llmdd__link_terms terms;
 } llmdd__hello_reply;
 
 typedef struct {

@@ -171,6 +171,15 @@ llmdd__wait_ms(llmdd *dd)
     return ms;
 }
 
+uint32_t
+llmdd__user_timeout(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    uint32_t ms = llmdd__user_timeout_ms(&dd->opts);
+    pthread_mutex_unlock(&dd->lock);
+    return ms;
+}
+
 static bool
 role_valid(llmdd_role role)
 {

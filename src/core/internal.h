@@ -14,6 +14,7 @@
 
 #include "base/log.h"
 #include "base/net.h"
+#include "base/wire.h"
 #include "core/layout.h"
 #include "core/metrics.h"
 #include "core/options.h"
@@ -25,6 +26,12 @@
 /* The largest control message a link carries (ctrl.c). */
 #define LLMDD_CTRL_MSG_MAX 1040 /* a notification and its header */
 #define LLMDD_CTRL_FRAME_MAX (12 + LLMDD_CTRL_MSG_MAX)
+/*
+ * Frames a link's control connection may hold unsent: a full window of
+ * notifications and room for the small messages beside them. A peer that
+ * stops reading past it loses the link (it cannot hold the sender).
+ */
+#define LLMDD_CTRL_OUT_MAX (1u << 20)
 
 /* Backing memory of an allocated cache: a range of a memfd mapping. */
 typedef struct {
@@ -69,6 +76,16 @@ typedef struct llmdd__peer {
     llmdd__sockaddr addr; /* where its listener is, when we are the client */
 } llmdd__peer;
 
+/* A reply awaited on a link's control connection (llmdd__link_await). */
+typedef struct llmdd__link_wait {
+    uint16_t type; /* WMSG_KEY_REPLY, WMSG_PONG */
+    uint64_t seq;
+    bool done;
+    uint8_t reply[64]; /* the reply's payload */
+    size_t len;
+    struct llmdd__link_wait *next;
+} llmdd__link_wait;
+
 typedef struct llmdd__link {
     struct llmdd *dd;
     llmdd__peer peer;
@@ -78,25 +95,36 @@ typedef struct llmdd__link {
      * leave from (port 0); family AF_UNSPEC: wherever routing says. */
     llmdd__sockaddr bind_addr;
     int ctrl_fd;
-    pthread_mutex_t wlock; /* serializes writes to ctrl_fd */
+    /* What the peer announced in its handshake: its heartbeat interval,
+     * its notification window, and (from a server) the data connections it
+     * serves each way. */
+    llmdd__link_terms terms;
     const llmdd_transport_ops *ops;
     bool forced;         /* ops was named by one side, not picked by auto */
     void *tp;            /* transport state */
     int64_t deadline_ms; /* of the link call, for the transport's setup */
+    /* The control plane's own per-link state (src/ctrl): plain memory, set
+     * before the link is published and freed with it. */
+    void *ctrl;
+    /* The notification flow control's account (notify.c). */
+    struct llmdd__notify_acct *acct;
 
-    /* Bytes of a control frame read so far; only the control thread (or,
-     * once that no longer polls the link, unlink) touches them. */
-    uint8_t ctrl_rx[LLMDD_CTRL_FRAME_MAX];
-    size_t ctrl_rx_len;
+    /* The control connection's outgoing side (llmdd__link_send): frames
+     * the socket did not take yet. Guarded by out_lock; never held across
+     * a blocking call. */
+    pthread_mutex_t out_lock;
+    uint8_t *out;
+    size_t out_len, out_cap;
+    int64_t last_tx_ms; /* when a frame was last queued */
+    bool out_closed;    /* dropped: nothing more is queued */
 
     /* Guarded by dd->lock. */
     int refs;
     bool dead;
-    bool unlink_acked;
-    bool reopening; /* a reopen job runs: the peer cannot spawn more */
-    bool rx_paused; /* the notification queue is full: not read for now */
-    struct llmdd__key_wait *key_waits; /* our KEY_QUERYs awaiting replies */
-    uint64_t key_seq;
+    int busy;                   /* transfers between enter and leave */
+    uint32_t tx_credits;        /* notifications the peer will still take */
+    llmdd__link_wait *waits;    /* replies awaited */
+    uint64_t wait_seq;
     uint64_t notified; /* the last cache_removed round that told it */
     struct llmdd__link *next;
 
@@ -208,6 +236,8 @@ int llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg);
 llmdd_status llmdd__ready(llmdd *dd);
 /* llm.SyncKvCacheWaitTime in ms; takes dd->lock. */
 uint32_t llmdd__wait_ms(llmdd *dd);
+/* TCP_USER_TIMEOUT for the instance's connections; takes dd->lock. */
+uint32_t llmdd__user_timeout(llmdd *dd);
 
 /*
  * Requests (request.c). A plan is a validated transfer with its references
@@ -246,21 +276,27 @@ void llmdd__requests_fini(llmdd *dd);
 void llmdd__requests_free(llmdd *dd);
 
 /*
- * Notifications (notify.c, link.c). llmdd__notify_send sends one to the
- * link's peer on its control connection, after everything this instance
- * completed on the link; llmdd__notify_received queues one that arrived
- * (control thread): false when the queue is full, and the control thread
- * then stops reading that link until llmdd_get_notifies makes room.
+ * Notifications (notify.c): a bounded queue per instance with flow control
+ * per link (credits, docs/protocol.md). llmdd__notify_send waits for the
+ * peer's credit up to deadline_ms (LLM_TIMEOUT, the link stays) and queues
+ * the frame after everything this instance queued on the link before.
+ * The control thread hands NOTIFY and CREDIT frames to llmdd__notify_on_msg
+ * (false: the link was dropped for a violation). A link's account is made
+ * with the link and let go when it goes.
  */
 llmdd_status llmdd__notify_send(llmdd__link *link, const void *msg,
                                 size_t len, int64_t deadline_ms);
-bool llmdd__notify_received(llmdd *dd, uint64_t cluster_id, const void *msg,
-                            size_t len);
-bool llmdd__notify_full(llmdd *dd);
+bool llmdd__notify_on_msg(llmdd__link *link, uint16_t type, const uint8_t *buf,
+                          size_t len);
+/* The window this side announces: notifications it takes from one peer. */
+#define LLMDD_NOTIFY_WINDOW 128
+int llmdd__notify_link_init(llmdd__link *link);
+void llmdd__notify_link_fini(llmdd__link *link);
 llmdd_status llmdd__notify_init(llmdd *dd);
 void llmdd__notify_fini(llmdd *dd);
 
-/* Cache keys (keys.c). */
+/* Cache keys (keys.c). The control thread hands a KEY_QUERY here. */
+bool llmdd__keys_serve(llmdd__link *link, const uint8_t *buf, size_t len);
 /* Takes dd->lock. Whether `key` is bound, and to what. */
 bool llmdd__keys_find(llmdd *dd, const void *key, size_t key_len,
                       int64_t *cache_id, uint32_t *batch_index);
@@ -356,8 +392,58 @@ void llmdd__link_remote_put(llmdd__link *link, llmdd__remote_cache *rc);
 void llmdd__link_forget(llmdd__link *link, int64_t id);
 /* Finalize: drops every link. */
 void llmdd__links_fini(llmdd *dd);
-/* Links paused for a full notification queue are read again. */
-void llmdd__links_resume(llmdd *dd);
+/*
+ * Marks the link dead and takes it out of the table, as llmdd__link_drop
+ * does (nothing new starts on it; its posted requests end), but leaves its
+ * transport and control connection up, so that transfers already moving
+ * finish and a last message can go out (an UNLINK_ACK); llmdd__link_drop
+ * shuts both down afterwards.
+ */
+void llmdd__link_retire(llmdd__link *link, const char *why);
+/*
+ * A transfer moves bytes on the link between enter and leave; enter is
+ * false once the link is dead (nothing starts on it then).
+ */
+bool llmdd__link_enter(llmdd__link *link);
+void llmdd__link_leave(llmdd__link *link);
+/*
+ * Waits, for a dead link, until no transfer of ours is between enter and
+ * leave (none touches the peer's memory) and, with `serving`, the
+ * transport serves the peer nothing any more (none touches ours for it:
+ * ops->quiesce, after link_shutdown). False at the deadline.
+ */
+bool llmdd__link_quiesce(llmdd__link *link, bool serving,
+                         int64_t deadline_ms);
+
+/*
+ * The control connection, outgoing: one frame, queued after everything
+ * queued before it and sent without blocking; the control thread sends
+ * the rest as the socket takes it (llmdd__link_flush). 0, or -1 when the
+ * link is down or the peer stopped reading past LLMDD_CTRL_OUT_MAX (the
+ * link is dropped, logged). Thread-safe; never blocks.
+ */
+int llmdd__link_send(llmdd__link *link, uint16_t type, const void *payload,
+                     size_t len);
+/* Control thread: sends what the socket takes; whether some remains. A
+ * broken connection drops the link. */
+bool llmdd__link_flush(llmdd__link *link);
+/* Sends what is queued, waiting for the socket up to deadline_ms (not on
+ * the control thread); 0 when all went. */
+int llmdd__link_flush_until(llmdd__link *link, int64_t deadline_ms);
+int64_t llmdd__link_last_tx(llmdd__link *link);
+/*
+ * A reply awaited on the control connection: llmdd__link_await_begin
+ * registers w (type set by the caller) and gives it a sequence number to
+ * send; llmdd__link_await waits for the control thread's
+ * llmdd__link_answer: LLM_SUCCESS with w->reply, LLM_NOT_YET_LINK when the
+ * link died, LLM_TIMEOUT at the deadline. Either way w is unregistered.
+ */
+uint64_t llmdd__link_await_begin(llmdd__link *link, llmdd__link_wait *w);
+llmdd_status llmdd__link_await(llmdd__link *link, llmdd__link_wait *w,
+                               int64_t deadline_ms);
+/* A reply arrived; one nobody waits for (late) is dropped. */
+void llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
+                        const uint8_t *buf, size_t len);
 /*
  * Opens a data connection for `link` to the peer's listener (client side):
  * a HELLO of kind CONN_DATA with the link token and the transport's flags,

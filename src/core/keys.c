@@ -222,3 +222,68 @@ llmdd__keys_fini(llmdd *dd)
     free(t);
     dd->keys = NULL;
 }
+
+/* ---- Keys over a link's control connection. ---- */
+
+/*
+ * Answers a peer's KEY_QUERY (control thread). The reply is queued, never
+ * waited on: a peer that asks and never reads fills only its own link's
+ * queue, and loses the link.
+ */
+bool
+llmdd__keys_serve(llmdd__link *link, const uint8_t *buf, size_t len)
+{
+    llmdd__key_query q;
+    llmdd__key_reply r = {.status = LLM_KV_CACHE_NOT_EXIST};
+    uint8_t out[32];
+
+    if (llmdd__wire_key_query_decode(buf, len, &q) != 0) {
+        llmdd__link_drop(link, "malformed KEY_QUERY");
+        return false;
+    }
+    r.seq = q.seq;
+    if (llmdd__keys_find(link->dd, q.key, q.key_len, &r.cache_id,
+                         &r.batch_index))
+        r.status = LLM_SUCCESS;
+    size_t n = llmdd__wire_key_reply_encode(&r, out, sizeof(out));
+    return llmdd__link_send(link, WMSG_KEY_REPLY, out, n) == 0;
+}
+
+llmdd_status
+llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
+                        size_t key_len, llmdd_cache_index *index_out)
+{
+    llmdd__link_wait w = {.type = WMSG_KEY_REPLY};
+    llmdd__key_query q = {0};
+    llmdd__key_reply r;
+    uint8_t buf[LLMDD_CTRL_MSG_MAX];
+    llmdd_status st;
+
+    if (dd == NULL)
+        return LLM_PARAM_INVALID;
+    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
+        return st;
+    if (!key_valid(key, key_len) || index_out == NULL)
+        return LLM_PARAM_INVALID;
+    llmdd__link *link = llmdd__link_get(dd, cluster_id);
+    if (link == NULL)
+        return LLM_NOT_YET_LINK;
+    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(dd);
+    q.seq = llmdd__link_await_begin(link, &w);
+    q.key_len = (uint32_t)key_len;
+    memcpy(q.key, key, key_len);
+    size_t n = llmdd__wire_key_query_encode(&q, buf, sizeof(buf));
+    (void)llmdd__link_send(link, WMSG_KEY_QUERY, buf, n); /* else: dead */
+    st = llmdd__link_await(link, &w, deadline);
+    llmdd__link_put(link);
+    if (st != LLM_SUCCESS)
+        return st;
+    /* The control thread decoded it to find its sequence number. */
+    (void)llmdd__wire_key_reply_decode(w.reply, w.len, &r);
+    if (r.status != LLM_SUCCESS)
+        return LLM_KV_CACHE_NOT_EXIST;
+    *index_out = (llmdd_cache_index){.cluster_id = cluster_id,
+                                     .cache_id = r.cache_id,
+                                     .batch_index = r.batch_index};
+    return LLM_SUCCESS;
+}

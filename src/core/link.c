@@ -2,12 +2,18 @@
  * The link table and, per link, the registry of the peer's caches: core
  * state that the control plane (src/ctrl) fills and the transfer path reads.
  * Links and remote caches are reference-counted; the table is guarded by
- * dd->lock, a link's remote caches by its rc_lock. Also what the core and
- * the transports send to the peer outside a transfer: a data connection's
- * HELLO, a notification and REOPEN on the control connection (whose writes
- * the link's wlock serializes; only the control thread reads it).
+ * dd->lock, a link's remote caches by its rc_lock.
+ *
+ * Also the one way anything sends on a link's control connection
+ * (llmdd__link_send): frames are queued in order and written without
+ * blocking, the control thread writes the rest as the socket takes it, so
+ * no caller and never the control thread waits on one peer's socket; and
+ * the replies awaited on it (key lookups, pings). Notifications, keys and
+ * heartbeats own their messages; only the control thread reads the socket.
  */
+#include <errno.h>
 #include <openssl/crypto.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -15,9 +21,6 @@
 
 #include "core/internal.h"
 #include "base/wire.h"
-
-/* How long asking the client to reopen may wait for its socket. */
-#define REOPEN_ASK_MS 2000
 
 /* ---- The link table. ---- */
 
@@ -33,8 +36,13 @@ llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client, int ctrl_fd)
     link->client = client;
     link->ctrl_fd = ctrl_fd;
     link->refs = 1;
+    link->last_tx_ms = llmdd__now_ms();
     pthread_mutex_init(&link->rc_lock, NULL);
-    pthread_mutex_init(&link->wlock, NULL);
+    pthread_mutex_init(&link->out_lock, NULL);
+    if (llmdd__notify_link_init(link) != 0) {
+        llmdd__link_free(link);
+        return NULL;
+    }
     return link;
 }
 
@@ -51,7 +59,10 @@ llmdd__link_free(llmdd__link *link)
     free(link->rcs);
     if (link->ctrl_fd >= 0)
         close(link->ctrl_fd);
-    pthread_mutex_destroy(&link->wlock);
+    llmdd__notify_link_fini(link);
+    free(link->ctrl);
+    free(link->out);
+    pthread_mutex_destroy(&link->out_lock);
     pthread_mutex_destroy(&link->rc_lock);
     free(link);
 }
@@ -102,8 +113,13 @@ llmdd__link_put(llmdd__link *link)
         llmdd__link_free(link);
 }
 
-void
-llmdd__link_drop(llmdd__link *link, const char *why)
+/*
+ * Marks the link dead and takes it out of the table, ends the requests on
+ * it, and with `cut` shuts its transport down (what runs fails fast);
+ * whether it was in the table.
+ */
+static bool
+link_unpublish(llmdd__link *link, const char *why, bool cut)
 {
     llmdd *dd = link->dd;
     bool was_live = false;
@@ -122,15 +138,76 @@ llmdd__link_drop(llmdd__link *link, const char *why)
     pthread_cond_broadcast(&dd->cond);
     pthread_mutex_unlock(&dd->lock);
     if (!was_live)
-        return;
+        return false;
     llmdd__metrics_link_event(dd, false);
     log_info("link to cluster %llu dropped: %s",
              (unsigned long long)link->peer.cluster_id, why);
-    shutdown(link->ctrl_fd, SHUT_RDWR);
-    link->ops->link_shutdown(link);
+    if (cut)
+        link->ops->link_shutdown(link);
     llmdd__requests_link_down(dd, link);
     dd->plane->wake(dd);
-    llmdd__link_put(link); /* the table's reference */
+    return true;
+}
+
+void
+llmdd__link_retire(llmdd__link *link, const char *why)
+{
+    if (link_unpublish(link, why, false))
+        llmdd__link_put(link); /* the table's reference */
+}
+
+void
+llmdd__link_drop(llmdd__link *link, const char *why)
+{
+    bool was_live = link_unpublish(link, why, true);
+
+    /* Also after a retire: the last message has gone, or never will. */
+    pthread_mutex_lock(&link->out_lock);
+    link->out_closed = true;
+    pthread_mutex_unlock(&link->out_lock);
+    shutdown(link->ctrl_fd, SHUT_RDWR);
+    link->ops->link_shutdown(link); /* idempotent */
+    if (was_live)
+        llmdd__link_put(link); /* the table's reference */
+}
+
+bool
+llmdd__link_enter(llmdd__link *link)
+{
+    llmdd *dd = link->dd;
+
+    pthread_mutex_lock(&dd->lock);
+    bool live = !link->dead;
+    if (live)
+        link->busy++;
+    pthread_mutex_unlock(&dd->lock);
+    return live;
+}
+
+void
+llmdd__link_leave(llmdd__link *link)
+{
+    llmdd *dd = link->dd;
+
+    pthread_mutex_lock(&dd->lock);
+    if (--link->busy == 0 && link->dead)
+        pthread_cond_broadcast(&dd->cond); /* llmdd__link_quiesce */
+    pthread_mutex_unlock(&dd->lock);
+}
+
+bool
+llmdd__link_quiesce(llmdd__link *link, bool serving, int64_t deadline_ms)
+{
+    llmdd *dd = link->dd;
+
+    pthread_mutex_lock(&dd->lock);
+    while (link->busy > 0 && llmdd__now_ms() < deadline_ms)
+        llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline_ms);
+    bool quiet = link->busy == 0;
+    pthread_mutex_unlock(&dd->lock);
+    if (quiet && serving && link->ops->quiesce != NULL)
+        quiet = link->ops->quiesce(link, deadline_ms);
+    return quiet;
 }
 
 size_t
@@ -215,16 +292,6 @@ llmdd__links_fini(llmdd *dd)
         llmdd__link_drop(link, "finalize");
         llmdd__link_put(link);
     }
-}
-
-void
-llmdd__links_resume(llmdd *dd)
-{
-    pthread_mutex_lock(&dd->lock);
-    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
-        l->rx_paused = false;
-    pthread_mutex_unlock(&dd->lock);
-    dd->plane->wake(dd);
 }
 
 /* ---- Remote cache descriptions, cached per link. ---- */
@@ -360,7 +427,7 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
                        deadline, &st);
     if (fd < 0)
         return -1;
-    llmdd__sock_tune(fd);
+    llmdd__sock_tune(fd, llmdd__user_timeout(dd));
     memcpy(h.token, link->token, sizeof(h.token));
     len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
     if (llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
@@ -377,53 +444,179 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     return fd;
 }
 
+/* ---- The control connection, outgoing. ---- */
+
+/* out_lock held. Sends queued bytes without blocking: 0, or -1 broken. */
+static int
+out_push(llmdd__link *link)
+{
+    while (link->out_len > 0) {
+        ssize_t n = send(link->ctrl_fd, link->out, link->out_len,
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            memmove(link->out, link->out + n, link->out_len - (size_t)n);
+            link->out_len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -1;
+    }
+    return 0;
+}
+
+int
+llmdd__link_send(llmdd__link *link, uint16_t type, const void *payload,
+                 size_t len)
+{
+    uint8_t hdr[LLMDD_WIRE_HDR_LEN];
+    size_t frame = sizeof(hdr) + len;
+    const char *why = NULL;
+    bool was_empty;
+
+    llmdd__wire_frame_encode(hdr, type, (uint32_t)len);
+    pthread_mutex_lock(&link->out_lock);
+    if (link->out_closed) {
+        pthread_mutex_unlock(&link->out_lock);
+        return -1;
+    }
+    was_empty = link->out_len == 0;
+    if (link->out_len + frame > LLMDD_CTRL_OUT_MAX) {
+        why = "peer does not read its control connection";
+    } else if (link->out_len + frame > link->out_cap) {
+        size_t cap = link->out_cap ? link->out_cap : 4096;
+        while (cap < link->out_len + frame)
+            cap *= 2;
+        uint8_t *n = realloc(link->out, cap);
+        if (n == NULL) {
+            why = "out of memory for a control message";
+        } else {
+            link->out = n;
+            link->out_cap = cap;
+        }
+    }
+    if (why == NULL) {
+        memcpy(link->out + link->out_len, hdr, sizeof(hdr));
+        if (len > 0)
+            memcpy(link->out + link->out_len + sizeof(hdr), payload, len);
+        link->out_len += frame;
+        link->last_tx_ms = llmdd__now_ms();
+        if (was_empty && out_push(link) != 0)
+            why = "control connection broken";
+    }
+    bool pending = link->out_len > 0;
+    pthread_mutex_unlock(&link->out_lock);
+    if (why != NULL) {
+        llmdd__link_drop(link, why);
+        return -1;
+    }
+    /* Queued: it goes out unless the link dies, which may happen at any
+     * moment now (the peer may even have read it and closed). */
+    if (was_empty && pending) /* the control thread watches for room */
+        link->dd->plane->wake(link->dd);
+    return 0;
+}
+
+bool
+llmdd__link_flush(llmdd__link *link)
+{
+    pthread_mutex_lock(&link->out_lock);
+    int rc = out_push(link);
+    bool pending = link->out_len > 0;
+    pthread_mutex_unlock(&link->out_lock);
+    if (rc != 0)
+        llmdd__link_drop(link, "control connection broken");
+    return rc == 0 && pending;
+}
+
+int
+llmdd__link_flush_until(llmdd__link *link, int64_t deadline_ms)
+{
+    for (;;) {
+        pthread_mutex_lock(&link->out_lock);
+        int rc = out_push(link);
+        bool pending = link->out_len > 0;
+        pthread_mutex_unlock(&link->out_lock);
+        if (rc != 0)
+            return -1;
+        if (!pending)
+            return 0;
+        if (llmdd__wait_fd(link->dd->stop_fd, link->ctrl_fd, POLLOUT,
+                           deadline_ms) != 1)
+            return -1;
+    }
+}
+
+int64_t
+llmdd__link_last_tx(llmdd__link *link)
+{
+    pthread_mutex_lock(&link->out_lock);
+    int64_t t = link->last_tx_ms;
+    pthread_mutex_unlock(&link->out_lock);
+    return t;
+}
+
+/* ---- Replies awaited on the control connection. ---- */
+
+uint64_t
+llmdd__link_await_begin(llmdd__link *link, llmdd__link_wait *w)
+{
+    llmdd *dd = link->dd;
+
+    w->done = false;
+    pthread_mutex_lock(&dd->lock);
+    w->seq = ++link->wait_seq;
+    w->next = link->waits;
+    link->waits = w;
+    pthread_mutex_unlock(&dd->lock);
+    return w->seq;
+}
+
+llmdd_status
+llmdd__link_await(llmdd__link *link, llmdd__link_wait *w, int64_t deadline_ms)
+{
+    llmdd *dd = link->dd;
+    llmdd_status st;
+
+    pthread_mutex_lock(&dd->lock);
+    while (!w->done && !link->dead && llmdd__now_ms() < deadline_ms)
+        llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline_ms);
+    for (llmdd__link_wait **p = &link->waits; *p != NULL; p = &(*p)->next) {
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    }
+    st = w->done ? LLM_SUCCESS : link->dead ? LLM_NOT_YET_LINK : LLM_TIMEOUT;
+    pthread_mutex_unlock(&dd->lock);
+    return st;
+}
+
+void
+llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
+                   const uint8_t *buf, size_t len)
+{
+    llmdd *dd = link->dd;
+
+    pthread_mutex_lock(&dd->lock);
+    for (llmdd__link_wait *w = link->waits; w != NULL; w = w->next) {
+        if (w->type == type && w->seq == seq && !w->done) {
+            w->len = len < sizeof(w->reply) ? len : sizeof(w->reply);
+            memcpy(w->reply, buf, w->len);
+            w->done = true;
+            pthread_cond_broadcast(&dd->cond);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dd->lock);
+}
+
 /* ---- Messages of the core on a link's control connection. ---- */
 
 void
 llmdd__link_ask_reopen(llmdd__link *link)
 {
-    pthread_mutex_lock(&link->wlock);
-    llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_REOPEN, NULL, 0,
-                    llmdd__now_ms() + REOPEN_ASK_MS);
-    pthread_mutex_unlock(&link->wlock);
-}
-
-llmdd_status
-llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
-                   int64_t deadline_ms)
-{
-    pthread_mutex_lock(&link->wlock);
-    int rc = llmdd__send_msg(link->dd->stop_fd, link->ctrl_fd, WMSG_NOTIFY, msg,
-                             len, deadline_ms);
-    pthread_mutex_unlock(&link->wlock);
-    if (rc == 0) {
-        atomic_fetch_add_explicit(&link->dd->metrics.notify_sent, 1,
-                                  memory_order_relaxed);
-        return LLM_SUCCESS;
-    }
-    /* Part of a frame may have gone out: the connection is unusable. */
-    bool late = llmdd__now_ms() >= deadline_ms;
-    llmdd__link_drop(link, late ? "notification not taken in time"
-                                : "notification not sent");
-    return late ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
-}
-
-llmdd_status
-llmdd_send_notify(llmdd *dd, uint64_t cluster_id, const void *msg, size_t len)
-{
-    llmdd_status st;
-
-    if (dd == NULL)
-        return LLM_PARAM_INVALID;
-    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
-        return st;
-    if (len > LLMDD_NOTIFY_MAX || (msg == NULL && len > 0))
-        return LLM_PARAM_INVALID;
-    llmdd__link *link = llmdd__link_get(dd, cluster_id);
-    if (link == NULL)
-        return LLM_NOT_YET_LINK;
-    st = llmdd__notify_send(link, msg, len,
-                            llmdd__now_ms() + llmdd__wait_ms(dd));
-    llmdd__link_put(link);
-    return st;
+    (void)llmdd__link_send(link, WMSG_REOPEN, NULL, 0);
 }

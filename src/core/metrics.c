@@ -459,6 +459,11 @@ llmdd_metrics_text(llmdd *dd, char *buf, size_t cap)
     family(&o, "llmdd_links_dropped_total", "counter",
            "Links that went away: unlinked, peer gone, finalize.");
     out(&o, "llmdd_links_dropped_total %" PRIu64 "\n", get(&m->links_down));
+    family(&o, "llmdd_heartbeat_drops_total", "counter",
+           "Links dropped because the peer was silent for its heartbeat "
+           "interval times llm.HeartbeatMisses.");
+    out(&o, "llmdd_heartbeat_drops_total %" PRIu64 "\n",
+        get(&m->heartbeat_drops));
 
     static const char *const kinds[2] = {"allocated", "registered"};
     family(&o, "llmdd_caches", "gauge", "Caches in the registry, by kind.");

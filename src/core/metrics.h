@@ -98,6 +98,7 @@ typedef struct llmdd__metrics {
     llmdd__counter link_attempts[LLMDD__METRICS_NSTATUS];
     llmdd__counter links_up, links_down;
     llmdd__counter notify_sent, notify_recv;
+    llmdd__counter heartbeat_drops; /* links dropped for silence */
 } llmdd__metrics;
 
 /*

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include "base/log.h"
+#include "base/wire.h"
 #include "transport/transport.h"
 
 #define POOL_SHIFT_MIN 12
@@ -322,6 +323,36 @@ opt_tcp_lanes(opt_apply *a, const char *v)
     return LLM_SUCCESS;
 }
 
+static llmdd_status
+opt_hb_interval(opt_apply *a, const char *v)
+{
+    uint32_t ms;
+
+    if (llmdd__parse_u32(v, &ms) != LLM_SUCCESS ||
+        (ms != 0 && (ms < LLMDD_WIRE_HB_MIN_MS || ms > LLMDD_WIRE_HB_MAX_MS)))
+        return LLM_PARAM_INVALID;
+    a->o.hb_ms = ms;
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+opt_hb_misses(opt_apply *a, const char *v)
+{
+    uint32_t n;
+
+    if (llmdd__parse_u32(v, &n) != LLM_SUCCESS || n < 1 ||
+        n > LLMDD_HB_MISSES_MAX)
+        return LLM_PARAM_INVALID;
+    a->o.hb_misses = n;
+    return LLM_SUCCESS;
+}
+
+uint32_t
+llmdd__user_timeout_ms(const llmdd__options *o)
+{
+    return o->hb_ms > 0 ? o->hb_ms * (o->hb_misses + 1) : o->wait_ms;
+}
+
 #define OPT_ASCEND                                                             \
     "LLM-DataDist's Ascend option, accepted without effect here: "
 
@@ -372,6 +403,14 @@ static const struct {
       "TCP connections each tcp link stripes its transfers over (auto: the "
       "transport picks)"},
      opt_tcp_lanes},
+    {{LLMDD_OPT_HB_INTERVAL, "milliseconds 100..60000, or 0", "1000", "1000",
+      "the control thread sends a heartbeat when it sent nothing for this "
+      "long (0: none; announced to each peer when linking)"},
+     opt_hb_interval},
+    {{LLMDD_OPT_HB_MISSES, "1..100", "3", "3",
+      "a peer silent for its announced interval times this is dead: its "
+      "link is dropped"},
+     opt_hb_misses},
     {{"llm.BufPoolCfg", "any", NULL, "-",
       OPT_ASCEND "the transfer buffer pool is Ascend's"},
      NULL},

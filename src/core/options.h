@@ -22,6 +22,8 @@
 #define LLMDD_OPT_AUTH_TOKEN "llm.AuthToken"
 #define LLMDD_OPT_MAX_LINKS "llm.MaxLinks"
 #define LLMDD_OPT_TCP_LANES "llm.TcpLanes"
+#define LLMDD_OPT_HB_INTERVAL "llm.HeartbeatInterval"
+#define LLMDD_OPT_HB_MISSES "llm.HeartbeatMisses"
 
 /* Defaults are in options.c's table of keys (llmdd_option_info). */
 #define LLMDD_MAX_WAIT_MS 86400000u /* one day */
@@ -29,6 +31,7 @@
 #define LLMDD_TRANSPORT_NAME_MAX 16
 #define LLMDD_MAX_LINKS_MAX 65535u
 #define LLMDD_TCP_LANES_MAX 16
+#define LLMDD_HB_MISSES_MAX 100
 /* llm.TcpLanes=auto to a peer that is not on loopback (tcp.c) */
 #define LLMDD__TCP_LANES_AUTO 4
 
@@ -51,7 +54,15 @@ typedef struct {
     uint32_t max_links; /* links a server accepts; see llmdd__max_links_auto */
     int tcp_lanes;      /* llm.TcpLanes: 1..LLMDD_TCP_LANES_MAX; 0: auto */
     bool max_links_auto; /* llm.MaxLinks=auto: max_links follows tcp_lanes */
+    uint32_t hb_ms;      /* llm.HeartbeatInterval; 0: this side sends none */
+    uint32_t hb_misses;  /* llm.HeartbeatMisses */
 } llmdd__options;
+
+/*
+ * TCP_USER_TIMEOUT for every connection of an instance with these options:
+ * interval x (misses + 1), or the wait time when heartbeats are off.
+ */
+uint32_t llmdd__user_timeout_ms(const llmdd__options *o);
 
 /*
  * llm.MaxLinks=auto: what the fd limit allows, keeping 64 for the

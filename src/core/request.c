@@ -451,11 +451,16 @@ job_run(struct llmdd__reqs *r, job *j)
         x.deadline_ms = j->deadline;
         if (llmdd__now_ms() >= x.deadline_ms) {
             st = LLM_TIMEOUT;
-        } else if (llmdd__cancel_enter(&q->cancel, q->posted) != 0) {
-            st = LLM_OUT_OF_MEMORY; /* no eventfd (logged): EMFILE */
+        } else if (!llmdd__link_enter(q->link)) {
+            st = LLM_NOT_YET_LINK;
         } else {
-            st = q->link->ops->xfer(q->link, &x);
-            llmdd__cancel_leave();
+            if (llmdd__cancel_enter(&q->cancel, q->posted) != 0) {
+                st = LLM_OUT_OF_MEMORY; /* no eventfd (logged): EMFILE */
+            } else {
+                st = q->link->ops->xfer(q->link, &x);
+                llmdd__cancel_leave();
+            }
+            llmdd__link_leave(q->link);
         }
         if (st == LLM_KV_CACHE_NOT_EXIST)
             llmdd__link_forget(q->link, q->rc->id);

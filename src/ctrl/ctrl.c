@@ -141,6 +141,16 @@ ctrl_accept(llmdd *dd, int lfd)
     }
 }
 
+llmdd__ctrl_link *
+llmdd__ctrl_link_new(void)
+{
+    llmdd__ctrl_link *cl = calloc(1, sizeof(*cl));
+
+    if (cl != NULL)
+        cl->last_rx_ms = llmdd__now_ms();
+    return cl;
+}
+
 static void *
 reopen_main(void *arg)
 {
@@ -148,7 +158,7 @@ reopen_main(void *arg)
 
     link->ops->reopen(link);
     pthread_mutex_lock(&link->dd->lock);
-    link->reopening = false;
+    ctrl_of(link)->reopening = false;
     pthread_mutex_unlock(&link->dd->lock);
     llmdd__link_put(link);
     return NULL;
@@ -158,28 +168,30 @@ int
 llmdd__ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf,
                     size_t *len)
 {
+    llmdd__ctrl_link *cl = ctrl_of(link);
     llmdd__frame f;
 
     for (;;) {
-        size_t have = link->ctrl_rx_len;
+        size_t have = cl->rx_len;
         if (have >= LLMDD_WIRE_HDR_LEN) {
-            if (llmdd__wire_frame_decode(link->ctrl_rx, &f) != 0 ||
+            if (llmdd__wire_frame_decode(cl->rx, &f) != 0 ||
                 f.len > CTRL_MSG_MAX)
                 return -1;
             size_t whole = LLMDD_WIRE_HDR_LEN + f.len;
             if (have >= whole) {
-                memcpy(buf, link->ctrl_rx + LLMDD_WIRE_HDR_LEN, f.len);
-                memmove(link->ctrl_rx, link->ctrl_rx + whole, have - whole);
-                link->ctrl_rx_len = have - whole;
+                memcpy(buf, cl->rx + LLMDD_WIRE_HDR_LEN, f.len);
+                memmove(cl->rx, cl->rx + whole, have - whole);
+                cl->rx_len = have - whole;
                 *type = f.type;
                 *len = f.len;
                 return 1;
             }
         }
-        ssize_t n = recv(link->ctrl_fd, link->ctrl_rx + have,
-                         sizeof(link->ctrl_rx) - have, MSG_DONTWAIT);
+        ssize_t n = recv(link->ctrl_fd, cl->rx + have, sizeof(cl->rx) - have,
+                         MSG_DONTWAIT);
         if (n > 0) {
-            link->ctrl_rx_len += (size_t)n;
+            cl->rx_len += (size_t)n;
+            cl->last_rx_ms = llmdd__now_ms(); /* any byte is life */
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -190,131 +202,82 @@ llmdd__ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf,
     }
 }
 
-/* ---- Cache keys over the control connection. ---- */
-
-/* A llmdd_lookup_remote_key call waiting for its KEY_REPLY. */
-struct llmdd__key_wait {
-    uint64_t seq;
-    bool done;
-    llmdd__key_reply reply;
-    struct llmdd__key_wait *next;
-};
-
 /*
- * Answers a peer's KEY_QUERY. The reply goes out without waiting: a peer
- * that asks and never reads fills its own socket and loses the link, it
- * does not hold the control thread.
+ * The peer unlinks (its llmdd_unlink_clusters): the link leaves the table
+ * at once, so nothing new starts on it, and its transport is shut down, so
+ * what runs fails fast; the UNLINK_ACK goes only once nothing of ours uses
+ * the link any more (llmdd__link_quiesce): no transfer of ours still reads
+ * or writes the peer's memory when its unlink returns. On its own thread:
+ * the control thread never waits for that.
  */
-static bool
-key_serve(llmdd *dd, llmdd__link *link, const uint8_t *buf, size_t len)
+static void *
+unlink_serve_main(void *arg)
 {
-    llmdd__key_query q;
-    llmdd__key_reply r = {.status = LLM_KV_CACHE_NOT_EXIST};
-    uint8_t out[32];
+    llmdd__link *link = arg;
+    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(link->dd);
 
-    if (llmdd__wire_key_query_decode(buf, len, &q) != 0) {
-        llmdd__link_drop(link, "malformed KEY_QUERY");
-        return false;
+    if (llmdd__link_quiesce(link, false, deadline)) {
+        (void)llmdd__link_send(link, WMSG_UNLINK_ACK, NULL, 0);
+        (void)llmdd__link_flush_until(link, deadline);
+    } else {
+        log_error("cluster %llu unlinked: our transfers on the link did not "
+                  "end in time; not confirmed",
+                  (unsigned long long)link->peer.cluster_id);
     }
-    r.seq = q.seq;
-    if (llmdd__keys_find(dd, q.key, q.key_len, &r.cache_id, &r.batch_index))
-        r.status = LLM_SUCCESS;
-    size_t n = llmdd__wire_key_reply_encode(&r, out, sizeof(out));
-    pthread_mutex_lock(&link->wlock);
-    int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_KEY_REPLY, out, n,
-                             llmdd__now_ms());
-    pthread_mutex_unlock(&link->wlock);
-    if (rc != 0) {
-        llmdd__link_drop(link, "peer does not read its KEY_REPLYs");
-        return false;
-    }
-    return true;
+    llmdd__link_drop(link, "peer unlinked");
+    llmdd__link_put(link);
+    return NULL;
 }
 
-/* Hands a KEY_REPLY to its waiter; one nobody waits for (late) is dropped. */
+static void
+unlink_serve(llmdd *dd, llmdd__link *link)
+{
+    llmdd__link_retire(link, "peer unlinked");
+    pthread_mutex_lock(&dd->lock);
+    link->refs++;
+    pthread_mutex_unlock(&dd->lock);
+    if (llmdd__spawn(dd, unlink_serve_main, link) != 0) {
+        /* Unconfirmed, the peer's call reports LLM_UNLINK_FAILED. */
+        llmdd__link_drop(link, "peer unlinked");
+        llmdd__link_put(link);
+    }
+}
+
+/* PING: answered at once, by the control thread, never behind a transfer. */
 static bool
-key_deliver(llmdd *dd, llmdd__link *link, const uint8_t *buf, size_t len)
+ping_serve(llmdd__link *link, const uint8_t *buf, size_t len)
+{
+    int64_t seq;
+
+    if (llmdd__wire_i64_decode(buf, len, &seq) != 0) {
+        llmdd__link_drop(link, "malformed PING");
+        return false;
+    }
+    return llmdd__link_send(link, WMSG_PONG, buf, len) == 0;
+}
+
+/* A reply someone awaits: found by the sequence number inside it. */
+static bool
+reply_deliver(llmdd__link *link, uint16_t type, const uint8_t *buf, size_t len)
 {
     llmdd__key_reply r;
+    int64_t seq;
+    int bad = type == WMSG_PONG
+                  ? llmdd__wire_i64_decode(buf, len, &seq)
+                  : llmdd__wire_key_reply_decode(buf, len, &r);
 
-    if (llmdd__wire_key_reply_decode(buf, len, &r) != 0) {
-        llmdd__link_drop(link, "malformed KEY_REPLY");
+    if (bad) {
+        llmdd__link_drop(link, "malformed reply");
         return false;
     }
-    pthread_mutex_lock(&dd->lock);
-    for (struct llmdd__key_wait *w = link->key_waits; w != NULL; w = w->next) {
-        if (w->seq == r.seq && !w->done) {
-            w->reply = r;
-            w->done = true;
-            pthread_cond_broadcast(&dd->cond);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&dd->lock);
+    llmdd__link_answer(link, type, type == WMSG_PONG ? (uint64_t)seq : r.seq,
+                       buf, len);
     return true;
-}
-
-llmdd_status
-llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
-                        size_t key_len, llmdd_cache_index *index_out)
-{
-    struct llmdd__key_wait w = {0};
-    llmdd__key_query q = {0};
-    uint8_t buf[CTRL_MSG_MAX];
-    llmdd_status st;
-
-    if (dd == NULL)
-        return LLM_PARAM_INVALID;
-    if ((st = llmdd__ready(dd)) != LLM_SUCCESS)
-        return st;
-    if (key == NULL || key_len == 0 || key_len > LLMDD_KEY_MAX ||
-        index_out == NULL)
-        return LLM_PARAM_INVALID;
-    llmdd__link *link = llmdd__link_get(dd, cluster_id);
-    if (link == NULL)
-        return LLM_NOT_YET_LINK;
-    pthread_mutex_lock(&dd->lock);
-    int64_t deadline = llmdd__now_ms() + dd->opts.wait_ms;
-    w.seq = q.seq = ++link->key_seq;
-    w.next = link->key_waits;
-    link->key_waits = &w;
-    pthread_mutex_unlock(&dd->lock);
-
-    q.key_len = (uint32_t)key_len;
-    memcpy(q.key, key, key_len);
-    size_t n = llmdd__wire_key_query_encode(&q, buf, sizeof(buf));
-    pthread_mutex_lock(&link->wlock);
-    int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_KEY_QUERY, buf, n,
-                             deadline);
-    pthread_mutex_unlock(&link->wlock);
-
-    pthread_mutex_lock(&dd->lock);
-    while (rc == 0 && !w.done && !link->dead && llmdd__now_ms() < deadline)
-        llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
-    for (struct llmdd__key_wait **p = &link->key_waits; *p != NULL;
-         p = &(*p)->next) {
-        if (*p == &w) {
-            *p = w.next;
-            break;
-        }
-    }
-    if (w.done)
-        st = w.reply.status == LLM_SUCCESS ? LLM_SUCCESS
-                                           : LLM_KV_CACHE_NOT_EXIST;
-    else
-        st = link->dead || rc != 0 ? LLM_NOT_YET_LINK : LLM_TIMEOUT;
-    pthread_mutex_unlock(&dd->lock);
-    llmdd__link_put(link);
-    if (st == LLM_SUCCESS)
-        *index_out = (llmdd_cache_index){.cluster_id = cluster_id,
-                                         .cache_id = w.reply.cache_id,
-                                         .batch_index = w.reply.batch_index};
-    return st;
 }
 
 /*
  * Handles one control message of a link; false when the link was dropped
- * or paused, and no more of its messages are to be read now.
+ * and no more of its messages are to be read.
  */
 static bool
 ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
@@ -322,28 +285,22 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
 {
     switch (type) {
     case WMSG_UNLINK:
-        /* Never wait on the peer here: the ACK is a few bytes into an idle
-         * socket, and a peer that stops reading loses only its own ACK. */
-        pthread_mutex_lock(&link->wlock);
-        llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_UNLINK_ACK, NULL, 0,
-                        llmdd__now_ms());
-        pthread_mutex_unlock(&link->wlock);
-        llmdd__link_drop(link, "peer unlinked");
+        unlink_serve(dd, link);
         return false;
     case WMSG_REOPEN:
         if (link->client && link->ops->reopen != NULL) {
             /* One reopen at a time: a peer repeating REOPEN cannot make us
              * spawn threads and connections without bound. */
             pthread_mutex_lock(&dd->lock);
-            bool start = !link->reopening && !link->dead;
+            bool start = !ctrl_of(link)->reopening && !link->dead;
             if (start) {
-                link->reopening = true;
+                ctrl_of(link)->reopening = true;
                 link->refs++;
             }
             pthread_mutex_unlock(&dd->lock);
             if (start && llmdd__spawn(dd, reopen_main, link) != 0) {
                 pthread_mutex_lock(&dd->lock);
-                link->reopening = false;
+                ctrl_of(link)->reopening = false;
                 pthread_mutex_unlock(&dd->lock);
                 llmdd__link_put(link);
             }
@@ -351,36 +308,22 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
         return true;
     case WMSG_UNLINK_ACK:
         pthread_mutex_lock(&dd->lock);
-        link->unlink_acked = true;
+        ctrl_of(link)->unlink_acked = true;
         pthread_cond_broadcast(&dd->cond);
         pthread_mutex_unlock(&dd->lock);
         return true;
     case WMSG_NOTIFY:
-        if (len > LLMDD_NOTIFY_MAX) {
-            llmdd__link_drop(link, "oversized notification");
-            return false;
-        }
-        if (!llmdd__notify_received(dd, link->peer.cluster_id, buf, len)) {
-            log_error("cluster %llu: no memory for a notification",
-                      (unsigned long long)link->peer.cluster_id);
-            llmdd__link_drop(link, "notification lost: out of memory");
-            return false;
-        }
-        atomic_fetch_add_explicit(&dd->metrics.notify_recv, 1,
-                                  memory_order_relaxed);
-        if (llmdd__notify_full(dd)) {
-            /* Backpressure, never loss: read this link again once the
-             * application drains the queue (llmdd__links_resume). */
-            pthread_mutex_lock(&dd->lock);
-            link->rx_paused = true;
-            pthread_mutex_unlock(&dd->lock);
-            return false;
-        }
-        return true;
+    case WMSG_CREDIT:
+        return llmdd__notify_on_msg(link, type, buf, len);
     case WMSG_KEY_QUERY:
-        return key_serve(dd, link, buf, len);
+        return llmdd__keys_serve(link, buf, len);
     case WMSG_KEY_REPLY:
-        return key_deliver(dd, link, buf, len);
+    case WMSG_PONG:
+        return reply_deliver(link, type, buf, len);
+    case WMSG_PING:
+        return ping_serve(link, buf, len);
+    case WMSG_HEARTBEAT:
+        return true; /* its bytes were life already */
     default:
         llmdd__link_drop(link, "unexpected control message");
         return false;
@@ -404,16 +347,44 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link)
 }
 
 /*
- * A link that was paused holds frames it had read: after a wake, its
- * buffer is worked off without waiting for the socket.
+ * Heartbeats (docs/model.md, "Liveness"): a heartbeat goes out when nothing
+ * was queued on the link for our interval, and a peer silent for its
+ * announced interval times our misses is dead. Returns the ms until this
+ * link next needs a look (INT64_MAX: never).
  */
-static bool
-resumed(llmdd *dd, llmdd__link *link)
+static int64_t
+ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
+               int64_t now)
 {
-    pthread_mutex_lock(&dd->lock);
-    bool go = !link->rx_paused && !link->dead;
-    pthread_mutex_unlock(&dd->lock);
-    return go && link->ctrl_rx_len > 0;
+    int64_t next = INT64_MAX;
+
+    if (hb_ms > 0) {
+        int64_t due = llmdd__link_last_tx(link) + hb_ms;
+        if (now >= due) {
+            if (llmdd__link_send(link, WMSG_HEARTBEAT, NULL, 0) != 0)
+                return INT64_MAX;
+            due = now + hb_ms;
+        }
+        next = due - now;
+    }
+    uint32_t peer = link->terms.hb_ms;
+    if (peer > 0) {
+        int64_t limit = (int64_t)peer * misses;
+        int64_t silent = now - ctrl_of(link)->last_rx_ms;
+        if (silent > limit) {
+            atomic_fetch_add_explicit(&dd->metrics.heartbeat_drops, 1,
+                                      memory_order_relaxed);
+            log_warn("heartbeat: link to cluster %llu dropped: nothing heard "
+                     "for %lld ms (its interval %u ms x %u misses)",
+                     (unsigned long long)link->peer.cluster_id,
+                     (long long)silent, peer, misses);
+            llmdd__link_drop(link, "heartbeats missed");
+            return INT64_MAX;
+        }
+        if (limit - silent + 1 < next)
+            next = limit - silent + 1;
+    }
+    return next;
 }
 
 static void *
@@ -436,6 +407,7 @@ ctrl_main(void *arg)
         }
         c->seen_gen = c->gen;
         pthread_cond_broadcast(&dd->cond);
+        uint32_t hb_ms = dd->opts.hb_ms, misses = dd->opts.hb_misses;
         for (llmdd__link *l = dd->links; l != NULL; l = l->next)
             nlinks++;
         if (nlinks + 2 > cap) {
@@ -455,23 +427,33 @@ ctrl_main(void *arg)
             cap = ncap;
         }
         lfd = c->listen_fd;
-        int timeout = -1;
+        int64_t wait = INT64_MAX;
         int64_t pause = c->accept_resume - llmdd__now_ms();
         if (lfd >= 0 && pause > 0)
-            timeout = (int)pause;
+            wait = pause;
         pfd[n++] = (struct pollfd){.fd = c->wake_fd, .events = POLLIN};
         /* A negative fd is skipped by poll. */
         pfd[n++] =
-            (struct pollfd){.fd = timeout < 0 ? lfd : -1, .events = POLLIN};
+            (struct pollfd){.fd = pause > 0 ? -1 : lfd, .events = POLLIN};
         nlinks = 0;
         for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
             l->refs++;
             links[nlinks++] = l;
-            pfd[n++] = (struct pollfd){.fd = l->rx_paused ? -1 : l->ctrl_fd,
-                                       .events = POLLIN};
+            pthread_mutex_lock(&l->out_lock);
+            short ev = POLLIN | (l->out_len > 0 ? POLLOUT : 0);
+            pthread_mutex_unlock(&l->out_lock);
+            pfd[n++] = (struct pollfd){.fd = l->ctrl_fd, .events = ev};
         }
         pthread_mutex_unlock(&dd->lock);
 
+        /* Heartbeats first: they set how long the poll may sleep. */
+        int64_t now = llmdd__now_ms();
+        for (size_t i = 0; i < nlinks; i++) {
+            int64_t next = ctrl_heartbeat(dd, links[i], hb_ms, misses, now);
+            if (next < wait)
+                wait = next;
+        }
+        int timeout = wait == INT64_MAX ? -1 : wait > 60000 ? 60000 : (int)wait;
         if (poll(pfd, n, timeout) > 0) {
             if (pfd[0].revents & POLLIN) {
                 uint64_t v;
@@ -479,9 +461,13 @@ ctrl_main(void *arg)
             }
             if (lfd >= 0 && (pfd[1].revents & POLLIN))
                 ctrl_accept(dd, lfd);
-            for (size_t i = 0; i < nlinks; i++)
-                if (pfd[2 + i].revents != 0 || resumed(dd, links[i]))
+            for (size_t i = 0; i < nlinks; i++) {
+                short re = pfd[2 + i].revents;
+                if (re & POLLOUT)
+                    (void)llmdd__link_flush(links[i]);
+                if (re & (POLLIN | POLLHUP | POLLERR))
                     ctrl_link_readable(dd, links[i]);
+            }
         }
         for (size_t i = 0; i < nlinks; i++)
             llmdd__link_put(links[i]);

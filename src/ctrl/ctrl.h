@@ -35,6 +35,28 @@ struct llmdd__ctrl {
     int accept_backoff_ms;
 };
 
+/*
+ * The control plane's part of a link (link->ctrl), made by the handshake
+ * before the link is published. rx and last_rx_ms are the control
+ * thread's (or, once that no longer polls the link, unlink's); the flags
+ * are guarded by dd->lock.
+ */
+typedef struct {
+    uint8_t rx[LLMDD_CTRL_FRAME_MAX]; /* a frame read so far */
+    size_t rx_len;
+    int64_t last_rx_ms; /* when the peer's bytes last arrived */
+    bool unlink_acked;
+    bool reopening; /* a reopen job runs: the peer cannot spawn more */
+} llmdd__ctrl_link;
+
+/* The part of a link made by a handshake; NULL without memory. */
+llmdd__ctrl_link *llmdd__ctrl_link_new(void);
+static inline llmdd__ctrl_link *
+ctrl_of(const llmdd__link *link)
+{
+    return (llmdd__ctrl_link *)link->ctrl;
+}
+
 /* Wakes the control thread: its poll set or the link table changed. */
 void llmdd__ctrl_wake(llmdd *dd);
 /*

@@ -53,6 +53,39 @@ auth_ok(const char *token, const char *label, const uint8_t *cnonce,
     return CRYPTO_memcmp(want, mac, sizeof(want)) == 0;
 }
 
+/* ---- Terms of a link: heartbeats, notification window, connections. ---- */
+
+/*
+ * What this side announces (docs/protocol.md). A server also says how many
+ * data connections each way it serves a link: its own llm.TcpLanes plus
+ * one (the budget llm.MaxLinks=auto counts), whatever the client wants.
+ */
+static llmdd__link_terms
+our_terms(const llmdd__options *o, bool server)
+{
+    llmdd__link_terms t = {.hb_ms = o->hb_ms,
+                           .notify_window = LLMDD_NOTIFY_WINDOW};
+
+    if (server) {
+        int lanes = o->tcp_lanes > 0 ? o->tcp_lanes : LLMDD__TCP_LANES_AUTO;
+        t.conns_max = (uint32_t)(lanes + 1);
+    }
+    return t;
+}
+
+/* Records the peer's terms and makes the control plane's part of the link. */
+static int
+link_terms(llmdd__link *link, const llmdd__link_terms *peer,
+           const llmdd__link_terms *ours)
+{
+    link->terms = *peer;
+    if (!link->client) /* the server's bound, on both sides */
+        link->terms.conns_max = ours->conns_max;
+    link->tx_credits = peer->notify_window;
+    link->ctrl = llmdd__ctrl_link_new();
+    return link->ctrl == NULL ? -1 : 0;
+}
+
 /* ---- The handshake, server side. ---- */
 
 static const llmdd_transport_ops *
@@ -120,6 +153,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     rep.cluster_id = dd->cluster_id;
     rep.role = (uint32_t)dd->role;
     strcpy(rep.transport, dd->opts.transport);
+    rep.terms = our_terms(&dd->opts, true);
     pthread_mutex_unlock(&dd->lock);
     rep.pid = (uint32_t)getpid();
     memcpy(rep.boot_id, llmdd__boot_id(), sizeof(rep.boot_id));
@@ -184,7 +218,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
                         .local = local};
     memcpy(peer.boot_id, h->boot_id, sizeof(peer.boot_id));
     link = llmdd__link_new(dd, &peer, false, -1);
-    if (link == NULL)
+    if (link == NULL || link_terms(link, &h->terms, &rep.terms) != 0)
         goto reply;
     link->ops = llmdd__transport_find(conf.transport);
     if (link->ops == NULL || !link->ops->reaches(link) ||
@@ -238,7 +272,7 @@ llmdd__handshake_main(void *arg)
 
     free(arg);
     /* Before any reply: once it has one, the peer may use the connection. */
-    llmdd__sock_tune(a.fd);
+    llmdd__sock_tune(a.fd, llmdd__user_timeout(dd));
     int rc = llmdd__recv_msg(dd->stop_fd, a.fd, &type, buf, sizeof(buf), &len,
                              deadline, &to);
     llmdd__ctrl_hello_done(dd, a.fd);
@@ -365,6 +399,7 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     char *token = dd->opts.auth_token ? strdup(dd->opts.auth_token) : NULL;
     h.role = (uint32_t)dd->role;
     strcpy(h.transport, dd->opts.transport);
+    h.terms = our_terms(&dd->opts, false);
     pthread_mutex_unlock(&dd->lock);
     h.cluster_id = dd->cluster_id;
     h.pid = (uint32_t)getpid();
@@ -417,6 +452,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     link = llmdd__link_new(dd, &peer, true, -1);
     if (link == NULL)
         goto err_fd;
+    if (link_terms(link, &rep.terms, &h.terms) != 0)
+        goto err_link;
     link->bind_addr = from;
     pthread_mutex_lock(&dd->lock);
     link->ops = transport_pick(dd, link, rep.transport);
@@ -462,7 +499,7 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     if (registered)
         llmdd__own_conn_del(fd); /* before the link may close fd */
     link->ctrl_fd = fd;
-    llmdd__sock_tune(fd);
+    llmdd__sock_tune(fd, llmdd__user_timeout(dd));
     llmdd__sock_keepalive(fd);
     /* The transport may connect its data channels with our deadline. */
     link->deadline_ms = deadline;

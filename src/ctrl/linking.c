@@ -76,7 +76,7 @@ unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
     pthread_mutex_lock(&dd->lock);
     while (c->seen_gen < want && !c->stop)
         pthread_cond_wait(&dd->cond, &dd->lock);
-    acked = link->unlink_acked;
+    acked = ctrl_of(link)->unlink_acked;
     pthread_mutex_unlock(&dd->lock);
     /* The socket is shut down: this reads only what had arrived, after
      * what the control thread had read of a frame. */
@@ -101,15 +101,12 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
     if (link == NULL)
         return LLM_SUCCESS;
     if (!force) {
-        pthread_mutex_lock(&link->wlock);
-        int rc = llmdd__send_msg(dd->stop_fd, link->ctrl_fd, WMSG_UNLINK, NULL,
-                                 0, deadline);
-        pthread_mutex_unlock(&link->wlock);
+        int rc = llmdd__link_send(link, WMSG_UNLINK, NULL, 0);
         pthread_mutex_lock(&dd->lock);
-        while (rc == 0 && !link->unlink_acked && !link->dead &&
+        while (rc == 0 && !ctrl_of(link)->unlink_acked && !link->dead &&
                llmdd__now_ms() < deadline)
             llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
-        bool acked = link->unlink_acked, dead = link->dead;
+        bool acked = ctrl_of(link)->unlink_acked, dead = link->dead;
         pthread_mutex_unlock(&dd->lock);
         if (!acked && dead && rc == 0)
             acked = unlink_ack_queued(dd, link, deadline);
@@ -120,6 +117,15 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         }
     }
     llmdd__link_drop(link, force ? "force unlink" : "unlinked");
+    /* The peer stopped touching our memory (its ACK); our side stops too:
+     * nothing of ours serves it or moves bytes for the link any more. */
+    if (st == LLM_SUCCESS && !force &&
+        !llmdd__link_quiesce(link, true, deadline)) {
+        log_error("unlink cluster %llu: our transfers on the link did not "
+                  "end in time",
+                  (unsigned long long)ci->remote_cluster_id);
+        st = LLM_UNLINK_FAILED;
+    }
     llmdd__link_put(link);
     return st;
 }
@@ -221,4 +227,26 @@ llmdd_unlink_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
     if (st != LLM_SUCCESS)
         return st;
     return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, true, force);
+}
+
+llmdd_status
+llmdd_check_link(llmdd *dd, uint64_t cluster_id, int32_t timeout_ms)
+{
+    llmdd__link_wait w = {.type = WMSG_PONG};
+    uint8_t buf[16];
+
+    if (dd == NULL || timeout_ms <= 0)
+        return LLM_PARAM_INVALID;
+    if (llmdd__ready(dd) != LLM_SUCCESS)
+        return LLM_FAILED;
+    llmdd__link *link = llmdd__link_get(dd, cluster_id);
+    if (link == NULL)
+        return LLM_NOT_YET_LINK;
+    int64_t deadline = llmdd__now_ms() + timeout_ms;
+    uint64_t seq = llmdd__link_await_begin(link, &w);
+    size_t n = llmdd__wire_i64_encode((int64_t)seq, buf, sizeof(buf));
+    (void)llmdd__link_send(link, WMSG_PING, buf, n); /* else: dead */
+    llmdd_status st = llmdd__link_await(link, &w, deadline);
+    llmdd__link_put(link);
+    return st;
 }

@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include "core/internal.h"
+
 void
 llmdd__serve_init(llmdd__serve_set *set, pthread_mutex_t *lock,
                   pthread_cond_t *cond, const bool *down, int max)
@@ -45,4 +47,15 @@ llmdd__serve_shutdown(llmdd__serve_set *set)
 {
     for (int i = 0; i < set->n; i++)
         shutdown(set->conn[i].fd, SHUT_RDWR);
+}
+
+bool
+llmdd__serve_wait_idle(llmdd__serve_set *set, int64_t deadline_ms)
+{
+    pthread_mutex_lock(set->lock);
+    while (set->n > 0 && llmdd__now_ms() < deadline_ms)
+        llmdd__cond_wait_until(set->cond, set->lock, deadline_ms);
+    bool idle = set->n == 0;
+    pthread_mutex_unlock(set->lock);
+    return idle;
 }

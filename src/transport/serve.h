@@ -15,7 +15,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define LLMDD__SERVE_MAX 8
+/* A link's data connections one way (the stream data plane's 17) and one
+ * replacing a failed one before its thread saw the end. */
+#define LLMDD__SERVE_MAX 18
 
 typedef struct {
     pthread_mutex_t *lock; /* the owner's */
@@ -42,5 +44,9 @@ bool llmdd__serve_track(llmdd__serve_set *set, int fd, bool add);
 /* Shuts down every connection served, so their threads fail out of their
  * I/O and end. Lock held. */
 void llmdd__serve_shutdown(llmdd__serve_set *set);
+
+/* Waits until no connection is served, up to the deadline (a transport's
+ * quiesce op); false when one still is. Takes the lock; needs a cond. */
+bool llmdd__serve_wait_idle(llmdd__serve_set *set, int64_t deadline_ms);
 
 #endif

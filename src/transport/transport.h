@@ -125,6 +125,14 @@ typedef struct llmdd_transport_ops {
      */
     void (*link_shutdown)(struct llmdd__link *link);
 
+    /*
+     * Optional. After link_shutdown: waits until no thread of the transport
+     * serves the peer any more (reads or writes our memory for it), up to
+     * the deadline; false when one still does. Unlink returns only after
+     * it, so the peer can no longer reach our memory.
+     */
+    bool (*quiesce)(struct llmdd__link *link, int64_t deadline_ms);
+
     /* Frees link->tp. Called once, when nothing uses the link any more. */
     void (*link_fini)(struct llmdd__link *link);
 

@@ -210,6 +210,7 @@ hello(uint8_t *buf, size_t cap, uint8_t auth)
     memset(h.cnonce, 0x11, sizeof(h.cnonce));
     memset(h.boot_id, 0x42, sizeof(h.boot_id));
     strcpy(h.transport, "tcp");
+    h.terms = FU_TERMS;
     return llmdd__wire_hello_encode(&h, buf, cap);
 }
 

@@ -76,8 +76,10 @@ test_loop_spoof_by_client(void **state)
 {
     uint16_t port;
     llmdd *srv = instance(SERVER, LLMDD_ROLE_MIX, &port, "auto", NULL, 0);
-    llmdd__hello h = {
-        .kind = CONN_CTRL, .cluster_id = RAW, .role = LLMDD_ROLE_MIX};
+    llmdd__hello h = {.kind = CONN_CTRL,
+                      .cluster_id = RAW,
+                      .role = LLMDD_ROLE_MIX,
+                      .terms = FU_TERMS};
     llmdd__hello_reply rep;
     llmdd__confirm conf;
     llmdd__result res;
@@ -156,6 +158,7 @@ fake_server_main(void *arg)
     memcpy(rep.boot_id, h.boot_id, sizeof(rep.boot_id));
     rep.nonce = h.nonce;
     strcpy(rep.transport, "loop");
+    rep.terms = FU_SERVER_TERMS;
     len = llmdd__wire_hello_reply_encode(&rep, buf, sizeof(buf));
     if (fu_send_frame(fd, WMSG_HELLO_REPLY, buf, len) != 0)
         goto out;

@@ -275,6 +275,7 @@ fu_raw_link(uint16_t port, uint64_t cluster, const char *transport,
     h.nonce = cluster * 7919u;
     memset(h.boot_id, 0x42, sizeof(h.boot_id)); /* never the same host */
     snprintf(h.transport, sizeof(h.transport), "%s", transport);
+    h.terms = FU_TERMS;
     len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
     if (fu_send_frame(fd, WMSG_HELLO, buf, len) != 0 ||
         fu_recv_frame(fd, &type, buf, sizeof(buf), &len, 5000) != 0 ||

@@ -24,6 +24,15 @@
 
 /* An integer from the environment, or def when unset or invalid. */
 long fu_env(const char *name, long def);
+
+/*
+ * What a fake peer announces in its handshake: no heartbeats (it sends
+ * none, so the instance must never declare it dead for silence), a window
+ * of 128 notifications, and as a server 5 data connections each way.
+ */
+#define FU_TERMS ((llmdd__link_terms){.hb_ms = 0, .notify_window = 128})
+#define FU_SERVER_TERMS                                                        \
+    ((llmdd__link_terms){.hb_ms = 0, .notify_window = 128, .conns_max = 5})
 /*
  * The slack a call may take past its wait time: scheduling on a loaded
  * 2-core machine, more under sanitizers. LLMDD_FAULT_MARGIN_MS overrides.

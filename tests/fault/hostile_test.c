@@ -95,6 +95,7 @@ ctrl_hello(uint8_t *buf, size_t cap, uint64_t cluster, const char *tp)
     h.role = LLMDD_ROLE_DECODER;
     memset(h.boot_id, 0x42, sizeof(h.boot_id));
     snprintf(h.transport, sizeof(h.transport), "%s", tp);
+    h.terms = FU_TERMS;
     return llmdd__wire_hello_encode(&h, buf, cap);
 }
 

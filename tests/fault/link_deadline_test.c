@@ -56,6 +56,7 @@ fake_handshake(fake *f, int fd)
     rep.nonce = 77;
     memset(rep.boot_id, 0x42, sizeof(rep.boot_id)); /* another host */
     strcpy(rep.transport, "tcp");
+    rep.terms = FU_SERVER_TERMS;
     len = llmdd__wire_hello_reply_encode(&rep, buf, sizeof(buf));
     if (fu_send_frame(fd, WMSG_HELLO_REPLY, buf, len) != 0 ||
         fu_recv_frame(fd, &type, buf, sizeof(buf), &len, 5000) != 0 ||

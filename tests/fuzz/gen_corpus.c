@@ -82,6 +82,7 @@ hello_ctrl(void)
     h.auth = 1;
     memset(h.cnonce, 0xc1, sizeof(h.cnonce));
     strcpy(h.transport, "auto");
+    h.terms = (llmdd__link_terms){.hb_ms = 1000, .notify_window = 128};
     return h;
 }
 
@@ -101,6 +102,8 @@ hello_reply(void)
     memset(r.snonce, 0x5e, sizeof(r.snonce));
     memset(r.mac, 0x3a, sizeof(r.mac));
     strcpy(r.transport, "tcp");
+    r.terms = (llmdd__link_terms){
+        .hb_ms = 1000, .notify_window = 128, .conns_max = 5};
     return r;
 }
 

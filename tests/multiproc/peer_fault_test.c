@@ -114,8 +114,11 @@ big_pull_start(big_pull *b, pthread_t *t)
     static const char *const args[] = {"--role", "prompt", "--transport",
                                        "tcp", NULL};
     char cmd[64], reply[64];
+    /* The stopped peer is watched by the wait time here, not declared
+     * dead by heartbeats (3 s at the defaults: a race with the wait). */
     llmdd_option o[] = {{"llm.SyncKvCacheWaitTime", "3000"},
-                        {"llm.Transport", "tcp"}};
+                        {"llm.Transport", "tcp"},
+                        {"llm.HeartbeatMisses", "10"}};
     llmdd_cache_desc d = {.num_tensors = 2,
                           .data_type = LLMDD_DT_UINT8,
                           .num_dims = 2,
@@ -127,7 +130,7 @@ big_pull_start(big_pull *b, pthread_t *t)
     p = mp_peer_start(1, args);
     snprintf(cmd, sizeof(cmd), "alloc-big %d 2 5", BIG_MIB);
     assert_int_equal(th_proc_cmd(p, cmd, reply, sizeof(reply)), 0);
-    b->dd = mp_decoder(MP_SELF, o, 2);
+    b->dd = mp_decoder(MP_SELF, o, 3);
     b->idx = (llmdd_cache_index){1, atoll(reply + 3), 0};
     assert_int_equal(llmdd_allocate_cache(b->dd, &d, &b->dst), LLM_SUCCESS);
     assert_int_equal(th_link(b->dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);

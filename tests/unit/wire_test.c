@@ -257,11 +257,51 @@ hello_ctrl(void)
     h.nonce = 0xdeadbeefcafef00dull;
     h.auth = 1;
     strcpy(h.transport, "tcp");
+    h.terms = (llmdd__link_terms){.hb_ms = 1000, .notify_window = 128};
     return h;
 }
 
 /* Offset of the transport name's length byte in a CTRL hello. */
 #define HELLO_NAME_AT (1 + 8 + 4 + 4 + 16 + 8 + 1 + 16)
+/* The terms after the name: heartbeat interval, window, connections. */
+#define TERMS_LEN 12
+
+/*
+ * Every out-of-range term, at its offset: the decoder refuses each. `at` is
+ * where the terms start; `server` whether conns_max must be 2..17.
+ */
+static void
+assert_terms_checked(const uint8_t *buf, size_t n, size_t at, bool server,
+                     int (*dec)(const uint8_t *, size_t, void *), void *out)
+{
+    static const struct {
+        size_t off;
+        uint32_t v;
+        bool ok;
+    } cases[] = {
+        {0, 0, true},       {0, 99, false},     {0, 100, true},
+        {0, 60000, true},   {0, 60001, false},  {0, UINT32_MAX, false},
+        {4, 0, false},      {4, 1, true},       {4, 4096, true},
+        {4, 4097, false},
+    };
+    uint8_t bad[BUF];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(bad, buf, n);
+        uint32_t v = cases[i].v;
+        for (int b = 0; b < 4; b++)
+            bad[at + cases[i].off + (size_t)b] = (uint8_t)(v >> (8 * b));
+        assert_int_equal(dec(bad, n, out), cases[i].ok ? 0 : -1);
+    }
+    static const uint32_t conns[] = {0, 1, 2, 17, 18, 1000};
+    for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++) {
+        memcpy(bad, buf, n);
+        for (int b = 0; b < 4; b++)
+            bad[at + 8 + (size_t)b] = (uint8_t)(conns[i] >> (8 * b));
+        bool ok = server ? conns[i] >= 2 && conns[i] <= 17 : conns[i] == 0;
+        assert_int_equal(dec(bad, n, out), ok ? 0 : -1);
+    }
+}
 #define HELLO_AUTH_AT (1 + 8 + 4 + 4 + 16 + 8)
 
 static void
@@ -272,7 +312,7 @@ test_hello_ctrl(void **state)
 
     (void)state;
     size_t n = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
-    assert_int_equal(n, HELLO_NAME_AT + 1 + 3);
+    assert_int_equal(n, HELLO_NAME_AT + 1 + 3 + TERMS_LEN);
     memset(&out, 0xee, sizeof(out));
     assert_int_equal(llmdd__wire_hello_decode(buf, n, &out), 0);
     assert_int_equal(out.kind, CONN_CTRL);
@@ -284,6 +324,9 @@ test_hello_ctrl(void **state)
     assert_int_equal(out.auth, 1);
     assert_memory_equal(out.cnonce, h.cnonce, 16);
     assert_string_equal(out.transport, "tcp");
+    assert_int_equal(out.terms.hb_ms, 1000);
+    assert_int_equal(out.terms.notify_window, 128);
+    assert_int_equal(out.terms.conns_max, 0);
     assert_strict(buf, n, dec_hello, sizeof(out));
     assert_encode_short(&h, enc_hello, n);
 
@@ -339,6 +382,9 @@ test_hello_ctrl_bad(void **state)
             assert_int_equal(llmdd__wire_hello_decode(bad, n, &out), -1);
         }
     }
+
+    /* The terms are claims: each must lie in its range. */
+    assert_terms_checked(buf, n, n - TERMS_LEN, false, dec_hello, &out);
 
     /* Unknown connection kinds. */
     static const uint8_t kinds[] = {0, 3, 0xff};
@@ -409,8 +455,20 @@ test_hello_reply(void **state)
     for (int i = 0; i < 32; i++)
         r.mac[i] = (uint8_t)(0x80 + i);
     strcpy(r.transport, "loop");
+    r.status = LLM_SUCCESS;
+    r.terms = (llmdd__link_terms){
+        .hb_ms = 0, .notify_window = 4096, .conns_max = 17};
     size_t n = llmdd__wire_hello_reply_encode(&r, buf, sizeof(buf));
-    assert_int_equal(n, REPLY_NAME_AT + 1 + 4);
+    assert_int_equal(n, REPLY_NAME_AT + 1 + 4 + TERMS_LEN);
+    assert_int_equal(llmdd__wire_hello_reply_decode(buf, n, &out), 0);
+    assert_int_equal(out.terms.hb_ms, 0);
+    assert_int_equal(out.terms.notify_window, 4096);
+    assert_int_equal(out.terms.conns_max, 17);
+    assert_terms_checked(buf, n, n - TERMS_LEN, true, dec_hello_reply, &out);
+    /* A refusal carries no terms worth checking. */
+    r.status = LLM_LINK_FAILED;
+    r.terms = (llmdd__link_terms){0};
+    n = llmdd__wire_hello_reply_encode(&r, buf, sizeof(buf));
     assert_int_equal(llmdd__wire_hello_reply_decode(buf, n, &out), 0);
     assert_int_equal(out.status, LLM_LINK_FAILED);
     assert_true(out.cluster_id == 77);

@@ -251,7 +251,8 @@ shm_new(llmdd__link *link)
     sl->listen_fd = sl->sock = sl->peer_pidfd = -1;
     sl->open_at = INT64_MIN / 2; /* never */
     sl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    sl->stream = llmdd__stream_new(link, SHM_FWD_CONNS, SHM_REV_CONNS);
+    sl->stream = llmdd__stream_new(link, SHM_FWD_CONNS, SHM_REV_CONNS,
+                                   SHM_FWD_CONNS + SHM_REV_CONNS + 1);
     sl->rbuf = malloc(SHM_MSG_MAX);
     sl->obuf = malloc(SHM_MSG_MAX);
     if (sl->wake_fd < 0 || sl->stream == NULL || sl->rbuf == NULL ||
@@ -566,6 +567,16 @@ shm_link_shutdown(llmdd__link *link)
     llmdd__stream_shutdown(sl->stream);
 }
 
+/* The peer reaches our memfds and CMA memory itself (its transfers end
+ * before it confirms an unlink); we serve it only on the fallback plane. */
+static bool
+shm_quiesce(llmdd__link *link, int64_t deadline_ms)
+{
+    shm_link *sl = link->tp;
+
+    return sl == NULL || llmdd__stream_quiesce(sl->stream, deadline_ms);
+}
+
 static void
 shm_link_fini(llmdd__link *link)
 {
@@ -607,6 +618,7 @@ const llmdd_transport_ops llmdd__shm_ops = {
     .reaches = shm_reaches,
     .link_init = shm_link_init,
     .link_shutdown = shm_link_shutdown,
+    .quiesce = shm_quiesce,
     .link_fini = shm_link_fini,
     .accept_conn = shm_accept_conn,
     .query = shm_query,

@@ -42,7 +42,6 @@
 
 #include <sys/ioctl.h>
 
-#define STREAM_SERVE_MAX (2 * LLMDD__STREAM_CONNS_MAX)
 #define STREAM_IOV_MAX 512
 #define STREAM_STALL_MS 5000 /* a serving side gives up on a peer this silent */
 /*
@@ -518,7 +517,7 @@ conns_clamp(int n)
 }
 
 llmdd__stream *
-llmdd__stream_new(llmdd__link *link, int nfwd, int nrev)
+llmdd__stream_new(llmdd__link *link, int nfwd, int nrev, int serve_max)
 {
     llmdd__stream *s = calloc(1, sizeof(*s));
 
@@ -530,8 +529,7 @@ llmdd__stream_new(llmdd__link *link, int nfwd, int nrev)
     s->lanes = 1;
     pthread_mutex_init(&s->lock, NULL);
     llmdd__cond_init(&s->cond);
-    llmdd__serve_init(&s->serve, &s->lock, &s->cond, &s->down,
-                      STREAM_SERVE_MAX);
+    llmdd__serve_init(&s->serve, &s->lock, &s->cond, &s->down, serve_max);
     return s;
 }
 
@@ -648,6 +646,12 @@ llmdd__stream_shutdown(llmdd__stream *s)
     s->nidle = 0;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
+}
+
+bool
+llmdd__stream_quiesce(llmdd__stream *s, int64_t deadline_ms)
+{
+    return s == NULL || llmdd__serve_wait_idle(&s->serve, deadline_ms);
 }
 
 /* Whether a request on one of our serving connections moves cache_id. */

@@ -30,10 +30,12 @@ typedef struct llmdd__stream llmdd__stream;
 
 /*
  * A data plane for `link` with at most nfwd requester connections on the
- * client and nrev on the server (each 1..LLMDD__STREAM_CONNS_MAX). Opens
- * nothing. NULL when out of memory.
+ * client and nrev on the server (each 1..LLMDD__STREAM_CONNS_MAX), serving
+ * at most serve_max of the peer's at once (1..LLMDD__SERVE_MAX; more are
+ * closed). Opens nothing. NULL when out of memory.
  */
-llmdd__stream *llmdd__stream_new(llmdd__link *link, int nfwd, int nrev);
+llmdd__stream *llmdd__stream_new(llmdd__link *link, int nfwd, int nrev,
+                                 int serve_max);
 
 /*
  * Lets one large transfer of ours stripe over up to `lanes` requester
@@ -66,6 +68,9 @@ void llmdd__stream_accept(llmdd__stream *s, int fd, uint32_t flags);
 
 /* Wakes every thread blocked on the data plane. NULL is ignored. */
 void llmdd__stream_shutdown(llmdd__stream *s);
+/* After shutdown: until no serving thread moves our memory for the peer
+ * (the transports' quiesce op); NULL s is quiet. */
+bool llmdd__stream_quiesce(llmdd__stream *s, int64_t deadline_ms);
 
 /*
  * The owner removed `cache` (ops->cache_removed). A request our serving

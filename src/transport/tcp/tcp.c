@@ -2,9 +2,9 @@
  * The tcp transport: the socket data plane (transport/stream) and nothing
  * else. It reaches every peer. The client opens one requester connection
  * per lane plus one each way (at least TCP_CONNS), so that a small request
- * still finds a connection beside a striped transfer; the server accepts as
- * many REV connections as the client opens, up to the data plane's limit,
- * so the side that links decides how many there are.
+ * still finds a connection beside a striped transfer, up to what the
+ * server said it serves (its llm.TcpLanes plus one): the side that accepts
+ * bounds what it holds.
  */
 #include "core/internal.h"
 #include "transport/stream/stream.h"
@@ -31,13 +31,22 @@ tcp_lanes(const llmdd__link *link)
                                                       : LLMDD__TCP_LANES_AUTO;
 }
 
+/*
+ * The server bounds what it serves (link->terms.conns_max, from its own
+ * llm.TcpLanes: what llm.MaxLinks=auto budgets); the client opens no more
+ * than that each way, and stripes over one fewer.
+ */
 static llmdd_status
 tcp_link_init(llmdd__link *link, bool client)
 {
+    int max = (int)link->terms.conns_max;
     int lanes = tcp_lanes(link);
+    if (lanes > max - 1)
+        lanes = max - 1;
     int conns = lanes + 1 > TCP_CONNS ? lanes + 1 : TCP_CONNS;
-    llmdd__stream *s = llmdd__stream_new(
-        link, conns, client ? conns : LLMDD__STREAM_CONNS_MAX);
+    if (!client || conns > max)
+        conns = max;
+    llmdd__stream *s = llmdd__stream_new(link, conns, conns, conns + 1);
 
     if (s == NULL)
         return LLM_OUT_OF_MEMORY;
@@ -56,6 +65,12 @@ static void
 tcp_link_shutdown(llmdd__link *link)
 {
     llmdd__stream_shutdown(link->tp);
+}
+
+static bool
+tcp_quiesce(llmdd__link *link, int64_t deadline_ms)
+{
+    return llmdd__stream_quiesce(link->tp, deadline_ms);
 }
 
 static void
@@ -103,6 +118,7 @@ const llmdd_transport_ops llmdd__tcp_ops = {
     .reaches = tcp_reaches,
     .link_init = tcp_link_init,
     .link_shutdown = tcp_link_shutdown,
+    .quiesce = tcp_quiesce,
     .link_fini = tcp_link_fini,
     .accept_conn = tcp_accept_conn,
     .query = tcp_query,

@@ -300,7 +300,8 @@ ucx_link_new(llmdd__link *link)
     pthread_mutex_init(&ul->lock, NULL);
     pthread_mutex_init(&ul->map_lock, NULL);
     llmdd__cond_init(&ul->cond);
-    llmdd__serve_init(&ul->serve, &ul->lock, NULL, &ul->down, UCX_SERVE_MAX);
+    llmdd__serve_init(&ul->serve, &ul->lock, &ul->cond, &ul->down,
+                      UCX_SERVE_MAX);
     return ul;
 }
 
@@ -462,6 +463,17 @@ ucx_link_shutdown(llmdd__link *link)
     pthread_mutex_unlock(&ul->lock);
     if (ul->wake_fd >= 0)
         ucx_wake(ul);
+}
+
+/* Our serving threads answer the peer's active messages from our memory;
+ * its RMA reaches registered memory itself (its transfers end before it
+ * confirms an unlink). */
+static bool
+ucx_quiesce(llmdd__link *link, int64_t deadline_ms)
+{
+    ucx_link *ul = link->tp;
+
+    return ul == NULL || llmdd__serve_wait_idle(&ul->serve, deadline_ms);
 }
 
 static void
@@ -682,6 +694,7 @@ const llmdd_transport_ops llmdd__ucx_ops = {
     .reaches = ucx_reaches,
     .link_init = ucx_link_init,
     .link_shutdown = ucx_link_shutdown,
+    .quiesce = ucx_quiesce,
     .link_fini = ucx_link_fini,
     .accept_conn = ucx_accept_conn,
     .query = ucx_query,
