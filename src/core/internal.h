@@ -375,6 +375,12 @@ llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
 void llmdd__link_put(llmdd__link *link);
 /* Marks the link dead, removes it from the table and wakes its users. */
 void llmdd__link_drop(llmdd__link *link, const char *why);
+/*
+ * A transport's status for a call on the link: LLM_NOT_YET_LINK means the
+ * peer is lost, and the link goes with it if the transport left it up, so
+ * that the status means the same for every later call and the link table.
+ */
+void llmdd__link_status(llmdd__link *link, llmdd_status st);
 llmdd__link *llmdd__link_find_token(llmdd *dd, const uint8_t *token);
 /*
  * Server side of a link: asks the client, over the control connection, to

@@ -171,6 +171,13 @@ llmdd__link_drop(llmdd__link *link, const char *why)
         llmdd__link_put(link); /* the table's reference */
 }
 
+void
+llmdd__link_status(llmdd__link *link, llmdd_status st)
+{
+    if (st == LLM_NOT_YET_LINK)
+        llmdd__link_drop(link, "the transport lost the peer");
+}
+
 bool
 llmdd__link_enter(llmdd__link *link)
 {
@@ -430,14 +437,17 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     llmdd__sock_tune(fd, llmdd__user_timeout(dd));
     memcpy(h.token, link->token, sizeof(h.token));
     len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
+    to = false;
     if (llmdd__send_msg(dd->stop_fd, fd, WMSG_HELLO, buf, len, deadline) != 0 ||
         llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
                         deadline, &to) != 0 ||
         type != WMSG_DATA_REPLY ||
         llmdd__wire_u32_decode(buf, len, &status) != 0 ||
         status != LLM_SUCCESS) {
-        log_error("data connection to cluster %llu refused",
-                  (unsigned long long)link->peer.cluster_id);
+        if (!llmdd__cancelled())
+            log_error("data connection to cluster %llu %s",
+                      (unsigned long long)link->peer.cluster_id,
+                      to ? "not answered in time" : "refused");
         close(fd);
         return -1;
     }

@@ -461,6 +461,7 @@ job_run(struct llmdd__reqs *r, job *j)
                 llmdd__cancel_leave();
             }
             llmdd__link_leave(q->link);
+            llmdd__link_status(q->link, st);
         }
         if (st == LLM_KV_CACHE_NOT_EXIST)
             llmdd__link_forget(q->link, q->rc->id);

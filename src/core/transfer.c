@@ -220,8 +220,10 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
     }
     *ops_out = link->ops;
     st = llmdd__link_remote(link, a->remote_index->cache_id, deadline, &rc);
-    if (st != LLM_SUCCESS)
+    if (st != LLM_SUCCESS) {
+        llmdd__link_status(link, st);
         goto out_link;
+    }
     if ((st = check_remote(a, lc, rc, lspan, &rspan)) != LLM_SUCCESS)
         goto out_remote;
     if ((st = plan_runs(a, lc, rc, &runs, &nruns)) != LLM_SUCCESS)

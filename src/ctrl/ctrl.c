@@ -348,30 +348,46 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link)
 
 /*
  * Heartbeats (docs/model.md, "Liveness"): a heartbeat goes out when nothing
- * was queued on the link for our interval, and a peer silent for its
- * announced interval times our misses is dead. Returns the ms until this
- * link next needs a look (INT64_MAX: never).
+ * was queued on the link for our interval (hb_ms), and a peer silent for its
+ * announced interval times our misses is dead.
+ *
+ * The ms until this link next needs a look (INT64_MAX: never).
  */
 static int64_t
-ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
-               int64_t now)
+ctrl_heartbeat_due(llmdd__link *link, uint32_t hb_ms, uint32_t misses,
+                   int64_t now)
 {
     int64_t next = INT64_MAX;
 
     if (hb_ms > 0) {
-        int64_t due = llmdd__link_last_tx(link) + hb_ms;
-        if (now >= due) {
-            if (llmdd__link_send(link, WMSG_HEARTBEAT, NULL, 0) != 0)
-                return INT64_MAX;
-            due = now + hb_ms;
-        }
-        next = due - now;
+        int64_t due = llmdd__link_last_tx(link) + hb_ms - now;
+        next = due > 0 ? due : 0;
     }
+    if (link->terms.hb_ms > 0) {
+        int64_t limit = (int64_t)link->terms.hb_ms * misses;
+        int64_t left = limit - (now - ctrl_of(link)->last_rx_ms) + 1;
+        if (left < next)
+            next = left > 0 ? left : 0;
+    }
+    return next;
+}
+
+/* Sends a heartbeat that is due, or drops a link whose peer is silent. */
+static void
+ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
+               int64_t now)
+{
     uint32_t peer = link->terms.hb_ms;
+
     if (peer > 0) {
         int64_t limit = (int64_t)peer * misses;
         int64_t silent = now - ctrl_of(link)->last_rx_ms;
         if (silent > limit) {
+            pthread_mutex_lock(&dd->lock);
+            bool live = !link->dead;
+            pthread_mutex_unlock(&dd->lock);
+            if (!live)
+                return;
             atomic_fetch_add_explicit(&dd->metrics.heartbeat_drops, 1,
                                       memory_order_relaxed);
             log_warn("heartbeat: link to cluster %llu dropped: nothing heard "
@@ -379,12 +395,11 @@ ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
                      (unsigned long long)link->peer.cluster_id,
                      (long long)silent, peer, misses);
             llmdd__link_drop(link, "heartbeats missed");
-            return INT64_MAX;
+            return;
         }
-        if (limit - silent + 1 < next)
-            next = limit - silent + 1;
     }
-    return next;
+    if (hb_ms > 0 && now >= llmdd__link_last_tx(link) + hb_ms)
+        (void)llmdd__link_send(link, WMSG_HEARTBEAT, NULL, 0);
 }
 
 static void *
@@ -446,10 +461,11 @@ ctrl_main(void *arg)
         }
         pthread_mutex_unlock(&dd->lock);
 
-        /* Heartbeats first: they set how long the poll may sleep. */
+        /* How long until a link needs a heartbeat sent or its peer's
+         * silence judged (ctrl_heartbeat after the poll does both). */
         int64_t now = llmdd__now_ms();
         for (size_t i = 0; i < nlinks; i++) {
-            int64_t next = ctrl_heartbeat(dd, links[i], hb_ms, misses, now);
+            int64_t next = ctrl_heartbeat_due(links[i], hb_ms, misses, now);
             if (next < wait)
                 wait = next;
         }
@@ -469,6 +485,11 @@ ctrl_main(void *arg)
                     ctrl_link_readable(dd, links[i]);
             }
         }
+        /* After reading what arrived: a process resumed after a stop first
+         * finds its peer's frames waiting, not a silence. */
+        now = llmdd__now_ms();
+        for (size_t i = 0; i < nlinks; i++)
+            ctrl_heartbeat(dd, links[i], hb_ms, misses, now);
         for (size_t i = 0; i < nlinks; i++)
             llmdd__link_put(links[i]);
     }

@@ -120,8 +120,11 @@ handshake_data(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     uint8_t buf[8];
     uint32_t st = LLM_SUCCESS;
 
-    if (link == NULL || link->ops->accept_conn == NULL)
+    if (link == NULL || link->ops->accept_conn == NULL) {
+        log_info("data connection refused: %s",
+                 link == NULL ? "no link has its token" : "not taken");
         st = LLM_LINK_FAILED;
+    }
     size_t n = llmdd__wire_u32_encode(st, buf, sizeof(buf));
     if (llmdd__send_msg(dd->stop_fd, fd, WMSG_DATA_REPLY, buf, n, deadline) !=
             0 ||

@@ -9,8 +9,17 @@
  *                                  registered (a peer on this host: CMA)
  *   alloc-blocks BLOCKS STRIDE SEED  2 uint8 tensors of BLOCKS x STRIDE
  *   dealloc ID | ping | check ID SEED (verify a cache still holds SEED)
+ *   link CLUSTER IP PORT           link to another peer (a 2000 ms call)
+ *   pull CLUSTER ID                slot 0 of its cache ID into scratch: status
+ *   push CLUSTER ID                our kv cache's slot 0 to its cache ID
+ *   post-pulls CLUSTER ID N        N posted pulls of slot 0 into scratch;
+ *                                  waits for all: "OK <ms to the last end>
+ *                                  <status>..." then watches the scratch
+ *                                  for 500 ms more: "ERR late write" if a
+ *                                  byte lands after the requests ended
+ *   check-link CLUSTER MS          llmdd_check_link's status
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
- *          --auth TOKEN --wait MS --pool JSON
+ *          --auth TOKEN --wait MS --pool JSON --opt KEY=VALUE (any option)
  *          --no-dumpable (no value: refuse other processes' cross-memory
  *          attach, as prctl(PR_SET_DUMPABLE, 0) does without CAP_SYS_PTRACE)
  */
@@ -190,6 +199,100 @@ notifies(llmdd *dd, int timeout_ms)
     fflush(stdout);
 }
 
+/* A kv-shaped scratch cache, zeroed, for pulls that are only counted. */
+static llmdd_cache scratch;
+
+static llmdd_status
+scratch_get(llmdd *dd)
+{
+    llmdd_cache_desc d = th_desc_kv();
+
+    if (scratch.tensor_addrs != NULL)
+        return LLM_SUCCESS;
+    return llmdd_allocate_cache(dd, &d, &scratch);
+}
+
+static uint64_t
+scratch_sum(void)
+{
+    uint64_t sum = 0, size = th_tensor_size(&scratch.desc);
+
+    for (uint32_t t = 0; t < scratch.desc.num_tensors; t++) {
+        const uint8_t *b = (const uint8_t *)(uintptr_t)scratch.tensor_addrs[t];
+        for (uint64_t i = 0; i < size; i++)
+            sum = sum * 31 + b[i];
+    }
+    return sum;
+}
+
+static void
+cmd_link(llmdd *dd, uint64_t cluster, const char *ip, unsigned port)
+{
+    reply_status(th_link(dd, cluster, ip, (uint16_t)port, 2000), 0);
+}
+
+static void
+cmd_pull(llmdd *dd, uint64_t cluster, long long id)
+{
+    llmdd_cache_index src = {cluster, id, 0};
+    llmdd_status st = scratch_get(dd);
+
+    if (st == LLM_SUCCESS)
+        st = llmdd_pull_kv_cache(dd, &src, &scratch, 0, -1, NULL);
+    reply_status(st, 0);
+}
+
+static void
+cmd_push(llmdd *dd, int64_t kv, uint64_t cluster, long long id)
+{
+    const llmdd_cache *c = cache_find(kv);
+    llmdd_cache local = {.cache_id = kv};
+    llmdd_cache_index dst = {cluster, id, 0};
+
+    (void)c;
+    reply_status(llmdd_push_kv_cache(dd, &local, &dst, 0, -1, NULL), 0);
+}
+
+static void
+cmd_post_pulls(llmdd *dd, uint64_t cluster, long long id, unsigned n)
+{
+    llmdd_request *reqs[64];
+    llmdd_status sts[64];
+    llmdd_cache_index src = {cluster, id, 0};
+    llmdd_status st = scratch_get(dd);
+    int64_t t0 = th_now_ms();
+
+    if (n > 64)
+        n = 64;
+    for (unsigned i = 0; i < n && st == LLM_SUCCESS; i++)
+        st = llmdd_pull_kv_cache_async(dd, &src, &scratch, i % 4, -1, NULL,
+                                       NULL, &reqs[i]);
+    if (st != LLM_SUCCESS) {
+        reply_status(st, 0);
+        return;
+    }
+    for (unsigned i = 0; i < n; i++)
+        sts[i] = llmdd_request_wait(reqs[i], -1);
+    int64_t ended = th_now_ms() - t0;
+    for (unsigned i = 0; i < n; i++)
+        llmdd_request_free(reqs[i]);
+    /* Nothing may land once they ended: the scratch stays as it is. */
+    cache_sync(dd, scratch.cache_id);
+    uint64_t before = scratch_sum();
+    th_sleep_ms(500);
+    cache_sync(dd, scratch.cache_id);
+    if (scratch_sum() != before) {
+        printf("ERR late write\n");
+        fflush(stdout);
+        return;
+    }
+    printf("OK %lld", (long long)ended);
+    for (unsigned i = 0; i < n; i++)
+        printf(" %s", llmdd_status_str(sts[i]));
+    printf("\n");
+    fflush(stdout);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -228,6 +331,11 @@ main(int argc, char **argv)
             opts[nopts++] = (llmdd_option){"llm.SyncKvCacheWaitTime", v};
         else if (strcmp(k, "--pool") == 0)
             opts[nopts++] = (llmdd_option){"llm.HostMemPoolConfig", v};
+        else if (strcmp(k, "--opt") == 0 && strchr(v, '=') != NULL) {
+            char *eq = strchr(v, '=');
+            *eq = '\0';
+            opts[nopts++] = (llmdd_option){v, eq + 1};
+        }
         if (nopts == 8)
             return 2;
     }
@@ -250,6 +358,7 @@ main(int argc, char **argv)
     char line[256];
     while (fgets(line, sizeof(line), stdin) != NULL) {
         unsigned a = 0, b = 0, c = 0;
+        unsigned long long cl;
         long long id;
         char key[64];
         if (strncmp(line, "quit", 4) == 0)
@@ -288,6 +397,17 @@ main(int argc, char **argv)
             verify_notified(dd, a, id, (int)b);
         } else if (sscanf(line, "notifies %u", &a) == 1) {
             notifies(dd, (int)a);
+        } else if (sscanf(line, "link %llu %63s %u", &cl, key, &a) == 3) {
+            cmd_link(dd, cl, key, a);
+        } else if (sscanf(line, "pull %llu %lld", &cl, &id) == 2) {
+            cmd_pull(dd, cl, id);
+        } else if (sscanf(line, "push %llu %lld", &cl, &id) == 2) {
+            cmd_push(dd, pc.kv, cl, id);
+        } else if (sscanf(line, "post-pulls %llu %lld %u", &cl, &id, &a) ==
+                   3) {
+            cmd_post_pulls(dd, cl, id, a);
+        } else if (sscanf(line, "check-link %llu %u", &cl, &a) == 2) {
+            reply_status(llmdd_check_link(dd, cl, (int32_t)a), 0);
         } else if (strncmp(line, "ping", 4) == 0) {
             reply_status(LLM_SUCCESS, 0);
         } else {

@@ -52,6 +52,25 @@ pool_open(llmdd__stream *s, int64_t deadline)
 }
 
 /*
+ * s->lock held (dropped meanwhile). A new connection to the peer's listener
+ * failed: cancelled, or at the deadline, that is the request's own end;
+ * otherwise the peer refused or is unreachable, and the link goes with it,
+ * so that LLM_NOT_YET_LINK means what it says for every later call.
+ */
+static llmdd_status
+open_failed(llmdd__stream *s, int64_t deadline)
+{
+    if (llmdd__cancelled()) /* the wait gave up: the peer did nothing */
+        return LLM_FAILED;
+    if (llmdd__now_ms() >= deadline)
+        return LLM_TIMEOUT;
+    pthread_mutex_unlock(&s->lock);
+    llmdd__link_drop(s->link, "data connection failed");
+    pthread_mutex_lock(&s->lock);
+    return LLM_NOT_YET_LINK;
+}
+
+/*
  * Takes an idle requester connection, opening one (client side) when the
  * pool is short. Returns the fd or -1 with *st set.
  */
@@ -73,8 +92,7 @@ pool_take(llmdd__stream *s, int64_t deadline, llmdd_status *st)
         }
         if (link->client && s->nconns < s->nfwd) {
             if ((fd = pool_open(s, deadline)) < 0)
-                *st = llmdd__now_ms() >= deadline ? LLM_TIMEOUT
-                                                  : LLM_NOT_YET_LINK;
+                *st = open_failed(s, deadline);
             break;
         }
         if (llmdd__now_ms() >= deadline) {
