@@ -404,6 +404,16 @@ typedef struct {
     unsigned char msg[LLMDD_NOTIFY_MAX];
 } llmdd_notify;
 
+/*
+ * Flow control (0.3): an instance takes at most LLMDD_NOTIFY_WINDOW
+ * notifications from one peer before the application has taken them with
+ * llmdd_get_notifies. A send beyond that waits, up to
+ * llm.SyncKvCacheWaitTime, until the peer takes some, and then returns
+ * LLM_TIMEOUT; the link stays. So LLM_SUCCESS means the peer will deliver
+ * the notification unless the link dies.
+ */
+#define LLMDD_NOTIFY_WINDOW 128
+
 /* Ordered after every transfer this instance completed earlier on that
  * link. */
 LLMDD_API llmdd_status llmdd_send_notify(llmdd *dd, uint64_t cluster_id,

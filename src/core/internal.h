@@ -288,8 +288,6 @@ llmdd_status llmdd__notify_send(llmdd__link *link, const void *msg,
                                 size_t len, int64_t deadline_ms);
 bool llmdd__notify_on_msg(llmdd__link *link, uint16_t type, const uint8_t *buf,
                           size_t len);
-/* The window this side announces: notifications it takes from one peer. */
-#define LLMDD_NOTIFY_WINDOW 128
 int llmdd__notify_link_init(llmdd__link *link);
 void llmdd__notify_link_fini(llmdd__link *link);
 llmdd_status llmdd__notify_init(llmdd *dd);

@@ -18,6 +18,10 @@
  *                                  for 500 ms more: "ERR late write" if a
  *                                  byte lands after the requests ended
  *   check-link CLUSTER MS          llmdd_check_link's status
+ *   notify CLUSTER N               sends notifications "0".."N-1" until one
+ *                                  fails: "OK <sent> <status> <ms>", status
+ *                                  and ms of the failure (LLM_SUCCESS, 0)
+ *   lookup CLUSTER KEY             llmdd_lookup_remote_key: "OK <ms>" or ERR
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
  *          --auth TOKEN --wait MS --pool JSON --opt KEY=VALUE (any option)
  *          --no-dumpable (no value: refuse other processes' cross-memory
@@ -245,11 +249,9 @@ cmd_pull(llmdd *dd, uint64_t cluster, long long id)
 static void
 cmd_push(llmdd *dd, int64_t kv, uint64_t cluster, long long id)
 {
-    const llmdd_cache *c = cache_find(kv);
     llmdd_cache local = {.cache_id = kv};
     llmdd_cache_index dst = {cluster, id, 0};
 
-    (void)c;
     reply_status(llmdd_push_kv_cache(dd, &local, &dst, 0, -1, NULL), 0);
 }
 
@@ -290,6 +292,41 @@ cmd_post_pulls(llmdd *dd, uint64_t cluster, long long id, unsigned n)
     for (unsigned i = 0; i < n; i++)
         printf(" %s", llmdd_status_str(sts[i]));
     printf("\n");
+    fflush(stdout);
+}
+
+static void
+cmd_notify(llmdd *dd, uint64_t cluster, unsigned n)
+{
+    llmdd_status st = LLM_SUCCESS;
+    unsigned sent = 0;
+    int64_t t0 = 0;
+
+    for (; sent < n; sent++) {
+        char msg[16];
+        int len = snprintf(msg, sizeof(msg), "%u", sent);
+        t0 = th_now_ms();
+        if ((st = llmdd_send_notify(dd, cluster, msg, (size_t)len)) !=
+            LLM_SUCCESS)
+            break;
+    }
+    printf("OK %u %s %lld\n", sent, llmdd_status_str(st),
+           st == LLM_SUCCESS ? 0LL : (long long)(th_now_ms() - t0));
+    fflush(stdout);
+}
+
+static void
+cmd_lookup(llmdd *dd, uint64_t cluster, const char *key)
+{
+    llmdd_cache_index idx;
+    int64_t t0 = th_now_ms();
+    llmdd_status st = llmdd_lookup_remote_key(dd, cluster, key, strlen(key),
+                                              &idx);
+
+    if (st == LLM_SUCCESS)
+        printf("OK %lld\n", (long long)(th_now_ms() - t0));
+    else
+        printf("ERR %s\n", llmdd_status_str(st));
     fflush(stdout);
 }
 
@@ -408,6 +445,10 @@ main(int argc, char **argv)
             cmd_post_pulls(dd, cl, id, a);
         } else if (sscanf(line, "check-link %llu %u", &cl, &a) == 2) {
             reply_status(llmdd_check_link(dd, cl, (int32_t)a), 0);
+        } else if (sscanf(line, "notify %llu %u", &cl, &a) == 2) {
+            cmd_notify(dd, cl, a);
+        } else if (sscanf(line, "lookup %llu %63s", &cl, key) == 2) {
+            cmd_lookup(dd, cl, key);
         } else if (strncmp(line, "ping", 4) == 0) {
             reply_status(LLM_SUCCESS, 0);
         } else {
