@@ -236,10 +236,24 @@ th_proc_start(th_proc *p, const char *const *wrapper, const char *const *args)
 int
 th_proc_cmd(th_proc *p, const char *cmd, char *reply, size_t cap)
 {
-    char line[256];
+    if (th_proc_send(p, cmd) != 0)
+        return -1;
+    return th_proc_reply(p, reply, cap);
+}
 
+int
+th_proc_send(th_proc *p, const char *cmd)
+{
     if (fprintf(p->in, "%s\n", cmd) < 0 || fflush(p->in) != 0)
         return -1;
+    return 0;
+}
+
+int
+th_proc_reply(th_proc *p, char *reply, size_t cap)
+{
+    char line[256];
+
     if (fgets(line, sizeof(line), p->out) == NULL)
         return -1;
     line[strcspn(line, "\n")] = '\0';

@@ -98,6 +98,9 @@ int th_proc_start(th_proc *p, const char *const *wrapper,
                   const char *const *args);
 /* Sends one command line; reads one reply line into reply. 0 when "OK". */
 int th_proc_cmd(th_proc *p, const char *cmd, char *reply, size_t cap);
+/* The two halves of th_proc_cmd, to do something while it works. */
+int th_proc_send(th_proc *p, const char *cmd);
+int th_proc_reply(th_proc *p, char *reply, size_t cap);
 void th_proc_kill(th_proc *p, int sig);
 /* Closes its stdin and reaps it; returns its exit status or -1. */
 int th_proc_stop(th_proc *p);

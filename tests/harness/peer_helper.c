@@ -22,6 +22,10 @@
  *                                  fails: "OK <sent> <status> <ms>", status
  *                                  and ms of the failure (LLM_SUCCESS, 0)
  *   lookup CLUSTER KEY             llmdd_lookup_remote_key: "OK <ms>" or ERR
+ *   push-loop CLUSTER ID RID N     pushes slot i % 4 of our cache ID into
+ *                                  the peer's RID, N times or until one
+ *                                  fails: "OK <done> <start of the last
+ *                                  success, CLOCK_MONOTONIC ms> <status>"
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
  *          --auth TOKEN --wait MS --pool JSON --opt KEY=VALUE (any option)
  *          --no-dumpable (no value: refuse other processes' cross-memory
@@ -330,6 +334,27 @@ cmd_lookup(llmdd *dd, uint64_t cluster, const char *key)
     fflush(stdout);
 }
 
+static void
+cmd_push_loop(llmdd *dd, uint64_t cluster, long long id, long long rid,
+              unsigned n)
+{
+    llmdd_cache local = {.cache_id = id};
+    llmdd_status st = LLM_SUCCESS;
+    int64_t last = 0;
+    unsigned done = 0;
+
+    for (; done < n; done++) {
+        llmdd_cache_index dst = {cluster, rid, done % 4};
+        int64_t began = th_now_ms();
+        st = llmdd_push_kv_cache(dd, &local, &dst, done % 4, -1, NULL);
+        if (st != LLM_SUCCESS)
+            break;
+        last = began;
+    }
+    printf("OK %u %lld %s\n", done, (long long)last, llmdd_status_str(st));
+    fflush(stdout);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -396,7 +421,7 @@ main(int argc, char **argv)
     while (fgets(line, sizeof(line), stdin) != NULL) {
         unsigned a = 0, b = 0, c = 0;
         unsigned long long cl;
-        long long id;
+        long long id, id2;
         char key[64];
         if (strncmp(line, "quit", 4) == 0)
             break;
@@ -445,6 +470,9 @@ main(int argc, char **argv)
             cmd_post_pulls(dd, cl, id, a);
         } else if (sscanf(line, "check-link %llu %u", &cl, &a) == 2) {
             reply_status(llmdd_check_link(dd, cl, (int32_t)a), 0);
+        } else if (sscanf(line, "push-loop %llu %lld %lld %u", &cl, &id,
+                          &id2, &a) == 4) {
+            cmd_push_loop(dd, cl, id, id2, a);
         } else if (sscanf(line, "notify %llu %u", &cl, &a) == 2) {
             cmd_notify(dd, cl, a);
         } else if (sscanf(line, "lookup %llu %63s", &cl, key) == 2) {
