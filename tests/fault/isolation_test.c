@@ -15,6 +15,10 @@
  *   reading its control connection while asking key lookups, and to which
  *   the application sends notifications, delays neither another peer's
  *   key lookups nor new links.
+ * - The side that accepts bounds what it serves: a prompt at a 256-fd limit
+ *   (llm.MaxLinks=auto: 16 links) and 24 clients asking for 16 lanes each:
+ *   16 link and pull, the rest get LLM_CLUSTER_NUM_EXCEED_LIMIT, none a
+ *   timeout, and the prompt stays inside its descriptors.
  */
 #include <poll.h>
 #include <signal.h>
@@ -309,6 +313,42 @@ test_ctrl_thread_never_waits_on_a_peer(void **state)
     llmdd_destroy(p);
 }
 
+#define CLIENTS 24
+
+static void
+test_accepting_side_bounds_what_it_serves(void **state)
+{
+    static const char *const args[] = {"--role", "prompt", "--transport",
+                                       "tcp", "--nofile", "256", NULL};
+    llmdd_option o[] = {{"llm.Transport", "tcp"}, {"llm.TcpLanes", "16"}};
+    llmdd *c[CLIENTS];
+    int ok = 0, refused = 0;
+
+    (void)state;
+    th_proc *p = mp_peer_start(1, args);
+    for (int i = 0; i < CLIENTS; i++) {
+        c[i] = mp_decoder(MP_SELF + (uint64_t)i, o, 2);
+        llmdd_status st = th_link(c[i], 1, MP_IP, p->port, 3000);
+        if (st == LLM_SUCCESS) {
+            ok++;
+            assert_int_equal(mp_pull_check(c[i], 1, p->ids.kv, 1),
+                             LLM_SUCCESS);
+        } else if (st == LLM_CLUSTER_NUM_EXCEED_LIMIT) {
+            refused++;
+        } else {
+            fail_msg("client %d: %s (not a refusal)", i, llmdd_status_str(st));
+        }
+    }
+    fprintf(stderr, "# %d linked, %d refused; the prompt holds %d fds\n", ok,
+            refused, fu_fd_count(p->pid));
+    assert_int_equal(ok, 16); /* (256 - 64) / (2 x 4 + 4) */
+    assert_int_equal(refused, CLIENTS - 16);
+    assert_true(fu_fd_count(p->pid) < 256);
+    for (int i = 0; i < CLIENTS; i++)
+        llmdd_destroy(c[i]);
+    assert_int_equal(th_proc_stop(p), 0);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -318,6 +358,8 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_stalled_link_holds_its_share,
                                   teardown),
         cmocka_unit_test_teardown(test_ctrl_thread_never_waits_on_a_peer,
+                                  teardown),
+        cmocka_unit_test_teardown(test_accepting_side_bounds_what_it_serves,
                                   teardown),
     };
 

@@ -28,6 +28,7 @@
  *                                  success, CLOCK_MONOTONIC ms> <status>"
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
  *          --auth TOKEN --wait MS --pool JSON --opt KEY=VALUE (any option)
+ *          --nofile N (the fd limit, set before the instance is made)
  *          --no-dumpable (no value: refuse other processes' cross-memory
  *          attach, as prctl(PR_SET_DUMPABLE, 0) does without CAP_SYS_PTRACE)
  */
@@ -36,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include "core/internal.h"
 #include "harness/harness.h"
@@ -393,7 +395,14 @@ main(int argc, char **argv)
             opts[nopts++] = (llmdd_option){"llm.SyncKvCacheWaitTime", v};
         else if (strcmp(k, "--pool") == 0)
             opts[nopts++] = (llmdd_option){"llm.HostMemPoolConfig", v};
-        else if (strcmp(k, "--opt") == 0 && strchr(v, '=') != NULL) {
+        else if (strcmp(k, "--nofile") == 0) {
+            struct rlimit rl;
+            if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+                return 2;
+            rl.rlim_cur = strtoul(v, NULL, 10);
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+                return 2;
+        } else if (strcmp(k, "--opt") == 0 && strchr(v, '=') != NULL) {
             char *eq = strchr(v, '=');
             *eq = '\0';
             opts[nopts++] = (llmdd_option){v, eq + 1};
