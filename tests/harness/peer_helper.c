@@ -10,7 +10,8 @@
  *   alloc-blocks BLOCKS STRIDE SEED  2 uint8 tensors of BLOCKS x STRIDE
  *   dealloc ID | ping | check ID SEED (verify a cache still holds SEED)
  *   link CLUSTER IP PORT           link to another peer (a 2000 ms call)
- *   pull CLUSTER ID                slot 0 of its cache ID into scratch: status
+ *   pull CLUSTER ID [SEED]         slot 0 of its cache ID into scratch:
+ *                                  status; with SEED, the bytes checked
  *   push CLUSTER ID                our kv cache's slot 0 to its cache ID
  *   post-pulls CLUSTER ID N        N posted pulls of slot 0 into scratch;
  *                                  waits for all: "OK <ms to the last end>
@@ -241,14 +242,29 @@ cmd_link(llmdd *dd, uint64_t cluster, const char *ip, unsigned port)
     reply_status(th_link(dd, cluster, ip, (uint16_t)port, 2000), 0);
 }
 
+/* seed > 0: the pulled slot must hold that seed's pattern. */
 static void
-cmd_pull(llmdd *dd, uint64_t cluster, long long id)
+cmd_pull(llmdd *dd, uint64_t cluster, long long id, unsigned seed)
 {
     llmdd_cache_index src = {cluster, id, 0};
     llmdd_status st = scratch_get(dd);
 
     if (st == LLM_SUCCESS)
         st = llmdd_pull_kv_cache(dd, &src, &scratch, 0, -1, NULL);
+    if (st == LLM_SUCCESS && seed > 0) {
+        uint64_t stride = th_tensor_size(&scratch.desc) /
+                          (uint64_t)scratch.desc.shape[0];
+        cache_sync(dd, scratch.cache_id);
+        for (uint32_t t = 0; t < scratch.desc.num_tensors; t++) {
+            if (th_check_buf((const uint8_t *)(uintptr_t)
+                                 scratch.tensor_addrs[t],
+                             stride, seed, t) >= 0) {
+                printf("ERR mismatch in tensor %u\n", t);
+                fflush(stdout);
+                return;
+            }
+        }
+    }
     reply_status(st, 0);
 }
 
@@ -470,8 +486,8 @@ main(int argc, char **argv)
             notifies(dd, (int)a);
         } else if (sscanf(line, "link %llu %63s %u", &cl, key, &a) == 3) {
             cmd_link(dd, cl, key, a);
-        } else if (sscanf(line, "pull %llu %lld", &cl, &id) == 2) {
-            cmd_pull(dd, cl, id);
+        } else if (sscanf(line, "pull %llu %lld %u", &cl, &id, &a) >= 2) {
+            cmd_pull(dd, cl, id, a);
         } else if (sscanf(line, "push %llu %lld", &cl, &id) == 2) {
             cmd_push(dd, pc.kv, cl, id);
         } else if (sscanf(line, "post-pulls %llu %lld %u", &cl, &id, &a) ==

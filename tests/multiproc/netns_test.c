@@ -13,6 +13,9 @@
  * test_same_host_cc: a connection that stays on its host gets the cubic
  * congestion control (base/net.h), one to another host keeps the system's.
  *
+ * test_partition: one end of the veth set down, a silent partition; both
+ * sides' heartbeats notice it (so the test has the label cuts_peers).
+ *
  * Needs the rights to create namespaces (root or CAP_NET_ADMIN, as in CI);
  * without them it says why and exits 77 (skipped). The namespaces are named
  * after our pid and removed on every exit path, including SIGINT/SIGTERM;
@@ -46,6 +49,14 @@
 #define CAP_MIB 32 /* pulled per round: 1.3 s at one capped flow */
 #define CAP_ROUNDS 3
 #define CAP_MIN_RATIO 2.5 /* 4 lanes against 1; ideally 4 */
+
+#if defined(__SANITIZE_THREAD__)
+#define FU_SLOW_NS 4
+#elif defined(__SANITIZE_ADDRESS__)
+#define FU_SLOW_NS 2
+#else
+#define FU_SLOW_NS 1
+#endif
 
 static char ns_a[32], ns_b[32], veth_a[16], veth_b[16];
 static char self_exe[4096];
@@ -450,7 +461,8 @@ pull_from_b(const th_proc *p, const char *ip, const char *transport)
     return run(argv, false);
 }
 
-static th_proc peer_a; /* static, so teardown can reap it after a failure */
+/* Static, so teardown can reap them after a failure. */
+static th_proc peer_a, peer_b;
 
 static int
 teardown(void **state)
@@ -458,6 +470,8 @@ teardown(void **state)
     (void)state;
     if (peer_a.pid > 0)
         mp_peer_kill(&peer_a);
+    if (peer_b.pid > 0)
+        mp_peer_kill(&peer_b);
     return 0;
 }
 
@@ -477,6 +491,103 @@ test_two_hosts(void **state)
     /* Both decoders unlinked; the peer is still well. */
     assert_int_equal(th_proc_cmd(p, "ping", NULL, 0), 0);
     assert_int_equal(th_proc_stop(p), 0);
+}
+
+/* "ip -n NS link set DEV up|down": one end of the veth, a cable pulled. */
+static void
+link_set(const char *ns, const char *dev, const char *state)
+{
+    const char *argv[] = {"ip", "-n", ns, "link", "set", dev, state, NULL};
+    assert_int_equal(run(argv, false), 0);
+}
+
+/* A peer's command that fails with a status: that status's name. */
+static const char *
+cmd_status(th_proc *p, const char *cmd, char *reply, size_t cap)
+{
+    if (th_proc_cmd(p, cmd, reply, cap) == 0)
+        return "LLM_SUCCESS";
+    return strncmp(reply, "ERR ", 4) == 0 ? reply + 4 : reply;
+}
+
+/*
+ * A silent partition: no RST, no FIN, one end of the veth set down. Both
+ * sides' transfers return LLM_NOT_YET_LINK within interval x misses + one
+ * interval (4 s at the defaults), pulls posted meanwhile end within their
+ * wait time with a non-success status and land nothing afterwards, and
+ * once the cable is back the two link again and transfers verify.
+ */
+static void
+test_partition(void **state)
+{
+    const char *wrap_a[] = {"ip", "netns", "exec", ns_a, NULL};
+    const char *wrap_b[] = {"ip", "netns", "exec", ns_b, NULL};
+    const char *args_a[] = {"--cluster", "1", "--ip", IP_A, "--transport",
+                            "tcp", NULL};
+    const char *args_b[] = {"--cluster", "2", "--ip", IP_B, "--transport",
+                            "tcp", NULL};
+    char cmd[128], reply[512];
+    int64_t seen_a = -1, seen_b = -1;
+
+    (void)state;
+    if (th_proc_start(&peer_a, wrap_a, args_a) != 0 ||
+        th_proc_start(&peer_b, wrap_b, args_b) != 0)
+        fail_msg("peer_helper did not start in the namespaces");
+    snprintf(cmd, sizeof(cmd), "link 1 %s %u", IP_A, peer_a.port);
+    assert_int_equal(th_proc_cmd(&peer_b, cmd, reply, sizeof(reply)), 0);
+    char pull[64], push[64];
+    snprintf(pull, sizeof(pull), "pull 1 %lld", (long long)peer_a.ids.kv);
+    snprintf(push, sizeof(push), "push 2 %lld", (long long)peer_b.ids.kv);
+    assert_string_equal(cmd_status(&peer_b, pull, reply, sizeof(reply)),
+                        "LLM_SUCCESS");
+    assert_string_equal(cmd_status(&peer_a, push, reply, sizeof(reply)),
+                        "LLM_SUCCESS");
+
+    link_set(ns_a, veth_a, "down");
+    int64_t t0 = th_now_ms();
+    /* In flight during the partition: each ends within its wait time. */
+    snprintf(cmd, sizeof(cmd), "post-pulls 1 %lld 8",
+             (long long)peer_a.ids.kv);
+    assert_int_equal(th_proc_cmd(&peer_b, cmd, reply, sizeof(reply)), 0);
+    long long ended = atoll(reply + 3);
+    assert_null(strstr(reply, "LLM_SUCCESS"));
+    assert_true(ended <= 1000 + 1000 * FU_SLOW_NS);
+    /* Then each side's next transfer, until it says the link is gone. */
+    while (seen_a < 0 || seen_b < 0) {
+        if (seen_b < 0 &&
+            strcmp(cmd_status(&peer_b, pull, reply, sizeof(reply)),
+                   "LLM_NOT_YET_LINK") == 0)
+            seen_b = th_now_ms() - t0;
+        if (seen_a < 0 &&
+            strcmp(cmd_status(&peer_a, push, reply, sizeof(reply)),
+                   "LLM_NOT_YET_LINK") == 0)
+            seen_a = th_now_ms() - t0;
+        if (th_now_ms() - t0 > 10000)
+            fail_msg("still linked 10 s into the partition (A %lld, B %lld)",
+                     (long long)seen_a, (long long)seen_b);
+    }
+    fprintf(stderr, "# partition noticed after %lld ms (A), %lld ms (B)\n",
+            (long long)seen_a, (long long)seen_b);
+    /* Each check takes up to a wait time (1 s) after the drop. */
+    assert_true(seen_a <= 4000 + 1000 + 1000 * FU_SLOW_NS);
+    assert_true(seen_b <= 4000 + 1000 + 1000 * FU_SLOW_NS);
+    snprintf(cmd, sizeof(cmd), "check-link 1 500");
+    assert_string_equal(cmd_status(&peer_b, cmd, reply, sizeof(reply)),
+                        "LLM_NOT_YET_LINK");
+
+    link_set(ns_a, veth_a, "up");
+    snprintf(cmd, sizeof(cmd), "link 1 %s %u", IP_A, peer_a.port);
+    int64_t t1 = th_now_ms();
+    while (th_proc_cmd(&peer_b, cmd, reply, sizeof(reply)) != 0)
+        if (th_now_ms() - t1 > 5000)
+            fail_msg("no link 5 s after the partition healed: %s", reply);
+    snprintf(cmd, sizeof(cmd), "pull 1 %lld 1", (long long)peer_a.ids.kv);
+    assert_string_equal(cmd_status(&peer_b, cmd, reply, sizeof(reply)),
+                        "LLM_SUCCESS"); /* every byte checked */
+    assert_string_equal(cmd_status(&peer_a, push, reply, sizeof(reply)),
+                        "LLM_SUCCESS");
+    assert_int_equal(th_proc_stop(&peer_a), 0);
+    assert_int_equal(th_proc_stop(&peer_b), 0);
 }
 
 static void
@@ -557,6 +668,7 @@ main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_two_hosts, teardown),
+        cmocka_unit_test_teardown(test_partition, teardown),
         cmocka_unit_test_teardown(test_per_flow_cap, teardown),
         cmocka_unit_test_teardown(test_same_host_cc, teardown),
     };
