@@ -13,6 +13,8 @@
 #define LLMDD_WIRE_MAGIC 0x44444c4cu /* "LLDD" on the wire */
 /* 2: llmdd 0.3 (heartbeats, KV layouts); 1: llmdd 0.1 and 0.2. */
 #define LLMDD_WIRE_VERSION 2
+#define LLMDD__XSTR(x) #x
+#define LLMDD__STR(x) LLMDD__XSTR(x)
 #define LLMDD_WIRE_HDR_LEN 12
 #define LLMDD_WIRE_MAX_PAYLOAD (1u << 20)
 /* Runs in one READ or WRITE request: keeps a request under the payload cap. */

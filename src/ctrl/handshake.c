@@ -420,9 +420,14 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         llmdd__wire_hello_reply_decode(buf, len, &rep) != 0) {
         if (to)
             st = LLM_TIMEOUT;
+        /* A peer of another protocol version (llmdd 0.2 speaks 1) closes
+         * at our HELLO without a word: say so, since nothing else will. */
         log_error("link to cluster %llu: handshake %s",
                   (unsigned long long)ci->remote_cluster_id,
-                  to ? "timed out" : "failed");
+                  to ? "timed out"
+                     : "failed (the peer closed the connection; a peer of "
+                       "another llmdd protocol version does that: this "
+                       "side speaks " LLMDD__STR(LLMDD_WIRE_VERSION) ")");
         goto err_fd;
     }
     if (rep.status != LLM_SUCCESS) {

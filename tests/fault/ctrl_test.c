@@ -12,7 +12,10 @@
  *   readable listener, and accepts the queued connection once fds free;
  * - llm.MaxLinks bounds the links a server takes;
  * - two instances linking to each other at the same moment end with one
- *   link that both can use, and both calls report it truthfully.
+ *   link that both can use, and both calls report it truthfully;
+ * - a peer of another protocol version (llmdd 0.2 speaks 1) is refused at
+ *   its HELLO, with a log line naming both versions, and nothing else is
+ *   harmed.
  *
  *   ctrl_test [case]
  */
@@ -412,6 +415,84 @@ test_crossed_links(void **state)
     llmdd_destroy(b);
 }
 
+/* Log lines of this process, captured: fd 2 goes to a pipe meanwhile. */
+static int saved_stderr = -1, capture_rd = -1;
+
+static void
+capture_start(void)
+{
+    int fds[2];
+
+    assert_int_equal(pipe(fds), 0);
+    saved_stderr = dup(2);
+    assert_true(saved_stderr >= 0);
+    assert_int_equal(dup2(fds[1], 2), 2);
+    close(fds[1]);
+    capture_rd = fds[0];
+}
+
+/* Restores fd 2 and returns what was written there (static). */
+static const char *
+capture_stop(void)
+{
+    static char text[16384];
+    size_t n = 0;
+
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    for (;;) {
+        struct pollfd p = {.fd = capture_rd, .events = POLLIN};
+        if (poll(&p, 1, 0) != 1 || n + 1 >= sizeof(text))
+            break;
+        ssize_t k = read(capture_rd, text + n, sizeof(text) - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    text[n] = '\0';
+    close(capture_rd);
+    fputs(text, stderr);
+    return text;
+}
+
+static void
+test_old_protocol_refused(void **state)
+{
+    uint16_t port;
+    llmdd *srv = instance(SERVER, LLMDD_ROLE_MIX, &port, "auto", NULL, 0);
+    llmdd__hello h = {.kind = CONN_CTRL,
+                      .cluster_id = RAW,
+                      .role = LLMDD_ROLE_MIX,
+                      .terms = FU_TERMS};
+    uint8_t buf[512], frame[LLMDD_WIRE_HDR_LEN];
+
+    (void)state;
+    strcpy(h.transport, "tcp");
+    size_t len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
+    /* A 0.2 peer's frame: the same header, version 1. */
+    llmdd__wire_frame_encode(frame, WMSG_HELLO, (uint32_t)len);
+    frame[4] = 1;
+    frame[5] = 0;
+    capture_start();
+    int fd = fu_connect(port);
+    assert_true(fd >= 0);
+    assert_int_equal(fu_send_all(fd, frame, sizeof(frame)), 0);
+    assert_int_equal(fu_send_all(fd, buf, len), 0);
+    bool closed = fu_closed_within(fd, 3000);
+    close(fd);
+    /* The log line is written before the close. */
+    const char *log = capture_stop();
+    assert_true(closed);
+    assert_non_null(strstr(log, "peer speaks llmdd protocol version 1; this "
+                                "side speaks 2"));
+    /* The server is unharmed: a real client links. */
+    llmdd *cli = instance(CLIENT, LLMDD_ROLE_MIX, NULL, "auto", NULL, 0);
+    assert_int_equal(th_link(cli, SERVER, "127.0.0.1", port, 2000),
+                     LLM_SUCCESS);
+    llmdd_destroy(cli);
+    llmdd_destroy(srv);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -422,6 +503,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_out_of_fds_no_spin),
         cmocka_unit_test(test_max_links),
         cmocka_unit_test(test_crossed_links),
+        cmocka_unit_test(test_old_protocol_refused),
     };
 
     signal(SIGPIPE, SIG_IGN);
