@@ -3,7 +3,8 @@
  * and `llmdd pull` as two real processes over tcp; the serving side's
  * "served" counters and bytes match what the puller moved; the endpoint
  * speaks HTTP with the exposition content type, answers 404 elsewhere, and
- * `llmdd stats` reads it.
+ * `llmdd stats` reads it. Clients that trickle header bytes neither lock
+ * other clients out nor hold their connections past the request cap.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,20 +19,32 @@
 #define SHAPE "--model", "tiny", "--tokens", "64", "--batch", "3"
 #define REPLY_MAX (1u << 20)
 
-/* GET path from 127.0.0.1:port with HTTP/1.0; the whole reply, malloc'd. */
-static char *
-http_get(uint16_t port, const char *path)
+/* A connection to 127.0.0.1:port from the loopback address `from`. */
+static int
+http_connect(uint16_t port, const char *from)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct sockaddr_in me = {.sin_family = AF_INET};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(inet_pton(AF_INET, from, &me.sin_addr), 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+/* GET path from 127.0.0.1:port with HTTP/1.0; the whole reply, malloc'd. */
+static char *
+http_get_from(uint16_t port, const char *path, const char *from)
+{
     char req[256], *buf = malloc(REPLY_MAX + 1);
     size_t len = 0;
     ssize_t n;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
 
     assert_non_null(buf);
-    assert_true(fd >= 0);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int fd = http_connect(port, from);
     int rl = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
     assert_int_equal(write(fd, req, (size_t)rl), rl);
     while (len < REPLY_MAX && (n = read(fd, buf + len, REPLY_MAX - len)) > 0)
@@ -39,6 +52,12 @@ http_get(uint16_t port, const char *path)
     close(fd);
     buf[len] = '\0';
     return buf;
+}
+
+static char *
+http_get(uint16_t port, const char *path)
+{
+    return http_get_from(port, path, "127.0.0.1");
 }
 
 /* The value of the sample `series` (name and labels, exactly); -1 if none. */
@@ -191,6 +210,79 @@ test_bad_metrics_args(void **state)
     cu_result_free(&r);
 }
 
+#define TRICKLERS 16
+
+static bool
+http_ok(const char *reply)
+{
+    return strncmp(reply, "HTTP/1.1 200", 12) == 0 ||
+           strncmp(reply, "HTTP/1.0 200", 12) == 0;
+}
+
+static void
+test_tricklers_do_not_lock_out_scrapes(void **state)
+{
+    char line[512];
+    unsigned mport = 0;
+    int fds[TRICKLERS];
+    cu_bg bg;
+
+    (void)state;
+    const char *args[] = {"serve",     "--listen", "127.0.0.1:0",
+                          "--cluster-id", "7",     "--metrics",
+                          "127.0.0.1:0", SHAPE,    NULL};
+    cu_start(&bg, args);
+    const char *mat = NULL;
+    if (!cu_wait_line(&bg, "metrics: ", line, sizeof(line), 20) ||
+        (mat = strstr(line, "metrics: http://127.0.0.1:")) == NULL ||
+        sscanf(mat, "metrics: http://127.0.0.1:%u/metrics", &mport) != 1 ||
+        !cu_wait_line(&bg, "serving", line, sizeof(line), 20)) {
+        cu_result r = cu_stop(&bg, SIGKILL, 10);
+        cu_dump("serve did not come up", &r);
+        fail();
+    }
+    /* Sixteen clients send the start of a request, then a header byte now
+     * and then, never the end (each byte resets an idle timeout). */
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < TRICKLERS; i++) {
+        fds[i] = http_connect((uint16_t)mport, "127.0.0.1");
+        assert_int_equal(write(fds[i], "GET /metrics HTTP/1.1\r\nX-A: ", 29),
+                         29);
+    }
+    /* Another client is served at once. */
+    char *reply = http_get_from((uint16_t)mport, "/metrics", "127.0.0.2");
+    assert_true(http_ok(reply));
+    free(reply);
+    /* The tricklers are cut within the request cap (2 s), trickle as they
+     * may: every one sees its connection end. */
+    int open = TRICKLERS;
+    while (open > 0) {
+        for (int i = 0; i < TRICKLERS; i++) {
+            if (fds[i] < 0)
+                continue;
+            char c;
+            if (write(fds[i], "a", 1) != 1 ||
+                recv(fds[i], &c, 1, MSG_DONTWAIT) == 0) {
+                close(fds[i]);
+                fds[i] = -1;
+                open--;
+            }
+        }
+        if (th_now_ms() - t0 > 2000 + 3000)
+            fail_msg("%d trickling connections still open after %lld ms",
+                     open, (long long)(th_now_ms() - t0));
+        usleep(100000); /* the trickle's pace */
+    }
+    fprintf(stderr, "# %d tricklers cut after %lld ms\n", TRICKLERS,
+            (long long)(th_now_ms() - t0));
+    reply = http_get((uint16_t)mport, "/metrics");
+    assert_true(http_ok(reply));
+    free(reply);
+    cu_result r = cu_stop(&bg, SIGTERM, 20);
+    assert_int_equal(r.code, 0);
+    cu_result_free(&r);
+}
+
 static int
 teardown(void **state)
 {
@@ -205,6 +297,8 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_served_counters_match_pulls, teardown),
         cmocka_unit_test_teardown(test_bad_metrics_args, teardown),
+        cmocka_unit_test_teardown(test_tricklers_do_not_lock_out_scrapes,
+                                  teardown),
     };
     return cu_main("serve_metrics", tests, sizeof(tests) / sizeof(tests[0]),
                    argc, argv);
