@@ -160,9 +160,14 @@ class LLMDataDist:
                            "returns", status_code=_NOT_ENABLED)
 
     def check_link_status(self, remote_cluster_id):
-        raise LLMException("check_link_status is the V1 API: a dead peer's link is "
-                           "dropped and transfers return LLM_NOT_YET_LINK",
-                           status_code=_NOT_ENABLED)
+        """A round trip to the peer on the link's control connection within
+        llm.SyncKvCacheWaitTime; raises LLMException (LLM_NOT_YET_LINK: no
+        live link, LLM_TIMEOUT: no answer in time) otherwise."""
+        dd = self._inited()
+        if not isinstance(remote_cluster_id, int) or isinstance(remote_cluster_id, bool):
+            raise TypeError("remote_cluster_id must be an int")
+        with translate("[check_link_status]"):
+            dd.check_link(remote_cluster_id, self._cache_manager._sync_timeout_ms)
 
     def __enter__(self):
         return self

@@ -313,12 +313,13 @@ class Cache:
             return
         self._closed = True
         inst = self._instance
-        dd = inst._dd
-        if dd is not None:
-            if self.registered:
-                st = lib.llmdd_unregister_kv_cache(dd, self.cache_id)
-            else:
-                st = lib.llmdd_deallocate_cache(dd, self.cache_id)
+        if inst._dd is not None:
+            fn = (lib.llmdd_unregister_kv_cache if self.registered
+                  else lib.llmdd_deallocate_cache)
+            try:
+                st = inst._call(fn, self.cache_id)
+            except LlmddError:      # the instance closed meanwhile
+                st = 0
             inst._caches.discard(self)
             self._keep = None
             check(st, f"closing cache {self.cache_id}")
@@ -552,6 +553,9 @@ class Instance:
         self.cluster_id = cluster_id
         self.role = role
         self._dd = None
+        self._calls = 0             # calls in flight (_call)
+        self._gate = False          # finalize or close is waiting for them
+        self._calls_cv = threading.Condition(threading.Lock())
         self._caches = weakref.WeakSet()
         self._waiter_obj = None
         self._waiter_lock = threading.Lock()
@@ -568,21 +572,56 @@ class Instance:
                 raise
 
     # -- lifecycle
-    def _h(self):
-        dd = self._dd
-        if dd is None:
-            raise LlmddError(Status.LLM_FAILED, "instance is closed")
-        return dd
+    #
+    # The C library lets other calls run beside each other but not beside
+    # finalize or destroy; several Python threads may use one Instance, so
+    # every call goes through _call, which counts it, and finalize and
+    # close first stop new calls and wait for those in flight (each ends
+    # within its own wait time or timeout). Requests need no instance: a
+    # Request.wait() on another thread returns once finalize ends it.
+
+    def _call(self, fn, *args):
+        with self._calls_cv:
+            dd = self._dd
+            if dd is None or self._gate:
+                raise LlmddError(Status.LLM_FAILED, "instance is closed")
+            self._calls += 1
+        try:
+            return fn(dd, *args)
+        finally:
+            with self._calls_cv:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._calls_cv.notify_all()
+
+    def _quiesce(self):
+        """Stops new calls and waits for the ones in flight; the dd, or
+        None when closed (or another thread is finalizing)."""
+        with self._calls_cv:
+            if self._dd is None or self._gate:
+                return None
+            self._gate = True
+            while self._calls:
+                self._calls_cv.wait()
+            return self._dd
 
     def initialize(self, options=None):
         arr, n, _keep = _options(options)
-        check(lib.llmdd_initialize(self._h(), arr, n), "initialize")
+        check(self._call(lib.llmdd_initialize, arr, n), "initialize")
 
     def finalize(self):
-        """Finalizes (idempotent); posted requests end with LLM_FAILED."""
-        dd = self._dd
+        """Finalizes (idempotent); posted requests end with LLM_FAILED.
+        Waits for calls other threads have in flight on this instance."""
+        dd = self._quiesce()
         if dd is None:
             return
+        try:
+            self._finalize(dd)
+        finally:
+            with self._calls_cv:
+                self._gate = False
+
+    def _finalize(self, dd):
         self._stop_waiter()
         for c in list(self._caches):
             c._closed = True
@@ -590,12 +629,15 @@ class Instance:
         lib.llmdd_finalize(dd)
 
     def close(self):
-        """Finalizes and destroys the instance; later calls raise LLM_FAILED."""
-        dd = self._dd
+        """Finalizes and destroys the instance; later calls raise LLM_FAILED.
+        Waits for calls other threads have in flight on this instance."""
+        dd = self._quiesce()
         if dd is None:
             return
-        self.finalize()
-        self._dd = None
+        self._finalize(dd)
+        with self._calls_cv:
+            self._dd = None
+            self._gate = False
         lib.llmdd_destroy(dd)
 
     def __enter__(self):
@@ -613,7 +655,7 @@ class Instance:
     def set_role(self, role, options=None):
         role = _role(role)
         arr, n, _keep = _options(options)
-        check(lib.llmdd_set_role(self._h(), int(role), arr, n), "set_role")
+        check(self._call(lib.llmdd_set_role, int(role), arr, n), "set_role")
         self.role = role
 
     # -- links
@@ -646,7 +688,7 @@ class Instance:
         arr, n, _keep = self._clusters(clusters)
         _int("timeout_ms", timeout_ms, 1, _I32_MAX)
         rets = (_ffi.status_t * n)()
-        st = lib.llmdd_link_clusters(self._h(), arr, n, rets, timeout_ms)
+        st = self._call(lib.llmdd_link_clusters, arr, n, rets, timeout_ms)
         return int(st), [int(r) for r in rets]
 
     def link_clusters(self, clusters, timeout_ms=3000):
@@ -668,7 +710,7 @@ class Instance:
         arr, n, _keep = self._clusters(clusters, need_addr=not force)
         _int("timeout_ms", timeout_ms, 1, _I32_MAX)
         rets = (_ffi.status_t * n)()
-        st = lib.llmdd_unlink_clusters(self._h(), arr, n, rets, timeout_ms, force)
+        st = self._call(lib.llmdd_unlink_clusters, arr, n, rets, timeout_ms, force)
         return int(st), [int(r) for r in rets]
 
     def unlink_clusters(self, clusters, timeout_ms=3000, force=False):
@@ -689,7 +731,7 @@ class Instance:
             raise TypeError("desc must be a llmdd.CacheDesc")
         out = _ffi.CacheC()
         cd = desc._c()
-        check(lib.llmdd_allocate_cache(self._h(), ctypes.byref(cd), ctypes.byref(out)),
+        check(self._call(lib.llmdd_allocate_cache, ctypes.byref(cd), ctypes.byref(out)),
               "allocate_cache")
         c = Cache(self, out, desc, False, None)
         self._caches.add(c)
@@ -743,7 +785,7 @@ class Instance:
         arr = (ctypes.c_uint64 * len(addrs))(*addrs)
         cid = ctypes.c_int64()
         cd = desc._c()
-        check(lib.llmdd_register_kv_cache(self._h(), ctypes.byref(cd), arr, len(addrs),
+        check(self._call(lib.llmdd_register_kv_cache, ctypes.byref(cd), arr, len(addrs),
                                           ctypes.byref(cid)), "register_cache")
         out = _ffi.CacheC()
         out.cache_id = cid.value
@@ -769,7 +811,7 @@ class Instance:
     def _post(self, fn, args, keep, notify=None, layerwise=False):
         opts, nbuf = self._opts(notify, layerwise)
         req = ctypes.c_void_p()
-        st = fn(self._h(), *args, ctypes.byref(opts) if opts is not None else None,
+        st = self._call(fn, *args, ctypes.byref(opts) if opts is not None else None,
                 ctypes.byref(req))
         check(st, fn.__name__)
         return Request(self, req, (keep, args, opts, nbuf))
@@ -834,8 +876,9 @@ class Instance:
 
     def copy_cache(self, src, dst, src_batch_index=0, dst_batch_index=0, offset=0, size=-1):
         """Local copy of one slot of every tensor (offset/size per tensor)."""
-        check(lib.llmdd_copy_kv_cache(
-            self._h(), src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
+        check(self._call(
+            lib.llmdd_copy_kv_cache,
+            src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
             dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"),
             _u32("src_batch_index", src_batch_index), _u32("dst_batch_index", dst_batch_index),
             _u64("offset", offset), _size(size)), "copy_cache")
@@ -845,16 +888,25 @@ class Instance:
         db, m = _blocks("dst_blocks", dst_blocks)
         if n != m:
             raise ValueError(f"src_blocks has {n} entries, dst_blocks {m}")
-        check(lib.llmdd_copy_kv_blocks(
-            self._h(), src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
+        check(self._call(
+            lib.llmdd_copy_kv_blocks,
+            src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
             dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"), sb, db, n),
             "copy_blocks")
+
+    def check_link(self, remote_cluster_id, timeout_ms=1000):
+        """A round trip to the peer on the link's control connection.
+        Returns None when it answered within timeout_ms; raises LlmddError
+        with LLM_NOT_YET_LINK (no live link) or LLM_TIMEOUT."""
+        _u64("remote_cluster_id", remote_cluster_id)
+        t = _int("timeout_ms", timeout_ms, 1, _I32_MAX)
+        check(self._call(lib.llmdd_check_link, remote_cluster_id, t), "check_link")
 
     # -- notifications
     def send_notify(self, cluster_id, msg):
         _u64("cluster_id", cluster_id)
         buf = _bytes("msg", msg, 0, _ffi.NOTIFY_MAX)
-        check(lib.llmdd_send_notify(self._h(), cluster_id, buf, len(buf)), "send_notify")
+        check(self._call(lib.llmdd_send_notify, cluster_id, buf, len(buf)), "send_notify")
 
     def get_notifies(self, max_count=64):
         """Never blocks: up to max_count received notifications, oldest
@@ -862,7 +914,7 @@ class Instance:
         _int("max_count", max_count, 1, 1 << 20)
         out = (_ffi.NotifyC * max_count)()
         n = ctypes.c_size_t()
-        check(lib.llmdd_get_notifies(self._h(), out, max_count, ctypes.byref(n)),
+        check(self._call(lib.llmdd_get_notifies, out, max_count, ctypes.byref(n)),
               "get_notifies")
         res = []
         for i in range(min(n.value, max_count)):
@@ -873,7 +925,7 @@ class Instance:
     def notify_fd(self):
         """A level-triggered fd, readable while notifications wait. Owned by
         the instance; do not close it."""
-        fd = lib.llmdd_notify_fd(self._h())
+        fd = self._call(lib.llmdd_notify_fd)
         if fd < 0:
             raise LlmddError(Status.LLM_FAILED, "notify_fd: not initialized")
         return fd
@@ -928,20 +980,20 @@ class Instance:
         if not isinstance(cache, Cache):
             _bad_cache("cache")
         cache._ref(self)
-        check(lib.llmdd_set_cache_key(self._h(), cache.cache_id,
+        check(self._call(lib.llmdd_set_cache_key, cache.cache_id,
                                       _u32("batch_index", batch_index), k, len(k)),
               "set_cache_key")
 
     def remove_cache_key(self, key):
         k = _bytes("key", key, 1, _ffi.KEY_MAX)
-        check(lib.llmdd_remove_cache_key(self._h(), k, len(k)), "remove_cache_key")
+        check(self._call(lib.llmdd_remove_cache_key, k, len(k)), "remove_cache_key")
 
     def lookup_remote_key(self, cluster_id, key):
         """Asks the linked peer which slot its key names: a CacheIndex."""
         _u64("cluster_id", cluster_id)
         k = _bytes("key", key, 1, _ffi.KEY_MAX)
         out = _ffi.CacheIndexC()
-        check(lib.llmdd_lookup_remote_key(self._h(), cluster_id, k, len(k),
+        check(self._call(lib.llmdd_lookup_remote_key, cluster_id, k, len(k),
                                           ctypes.byref(out)), "lookup_remote_key")
         return CacheIndex(int(out.cluster_id), int(out.cache_id), int(out.batch_index))
 
@@ -949,7 +1001,7 @@ class Instance:
         """Where this instance listens, as "ip:port" ("[ip]:port" for IPv6);
         the port the kernel chose when llm.ListenIpInfo gave port 0."""
         out = _ffi.IpInfoC()
-        check(lib.llmdd_listen_address(self._h(), ctypes.byref(out)),
+        check(self._call(lib.llmdd_listen_address, ctypes.byref(out)),
               "listen_address")
         ip = out.ip.decode()
         return f"[{ip}]:{out.port}" if ":" in ip else f"{ip}:{out.port}"
@@ -957,11 +1009,10 @@ class Instance:
     # -- metrics
     def metrics_text(self):
         """The Prometheus text exposition of this instance's metrics."""
-        dd = self._h()
         cap = 16384
         while True:
             buf = ctypes.create_string_buffer(cap)
-            need = lib.llmdd_metrics_text(dd, buf, cap)
+            need = self._call(lib.llmdd_metrics_text, buf, cap)
             if need < cap:
                 return buf.value.decode()
             cap = need + 4096

@@ -283,3 +283,61 @@ def test_listen_address_port_zero():
         with pytest.raises(llmdd.LlmddError) as e:
             d.listen_address()
         assert e.value.status == llmdd.Status.LLM_FAILED
+
+
+def test_check_link(dd, peer):
+    assert dd.check_link(peer.cluster_id) is None
+    assert dd.check_link(peer.cluster_id, timeout_ms=50) is None
+    with pytest.raises(llmdd.LlmddError) as e:
+        dd.check_link(99)
+    assert e.value.status == llmdd.LLM_NOT_YET_LINK
+    with pytest.raises(ValueError):
+        dd.check_link(peer.cluster_id, timeout_ms=0)
+
+
+def test_close_waits_for_calls_in_flight(peer):
+    """Instance.close() on one thread while others call it and wait on its
+    requests: every call ends (with a status, or "closed" once it is), no
+    crash, and the requests report LLM_FAILED once finalize ended them."""
+    import threading
+    for rnd in range(20):
+        d = llmdd.Instance(DEC + 10 + rnd, llmdd.Role.MIX,
+                           options={"llm.SyncKvCacheWaitTime": "2000"})
+        d.link(peer.cluster_id, peer.addr)
+        dst = d.allocate_cache(llmdd.CacheDesc(4, (8, 256)))
+        endless = [d.push_cache_async(dst, (peer.cluster_id, peer.ids["C"], 0), 0,
+                                      layerwise=True) for _ in range(3)]
+        waited, errors = [], []
+        stop = threading.Event()
+
+        def waiter(r):
+            try:
+                r.wait()
+            except llmdd.LlmddError as e:
+                waited.append(e.status)
+
+        def caller():
+            while not stop.is_set():
+                try:
+                    d.pull_cache((peer.cluster_id, peer.ids["A"], 1), dst, 1)
+                    d.check_link(peer.cluster_id)
+                except llmdd.LlmddError as e:
+                    if e.status not in (llmdd.LLM_FAILED, llmdd.LLM_NOT_YET_LINK):
+                        errors.append(e)
+                    return
+                except ValueError:       # the cache went with the instance
+                    return
+        ts = [threading.Thread(target=waiter, args=(r,)) for r in endless]
+        ts += [threading.Thread(target=caller) for _ in range(2)]
+        for t in ts:
+            t.start()
+        time.sleep(0.002 * (rnd % 5))   # a different moment each round
+        d.close()
+        stop.set()
+        for t in ts:
+            t.join(10)
+            assert not t.is_alive()
+        assert waited == [llmdd.LLM_FAILED] * 3
+        assert errors == []
+        for r in endless:
+            r.close()

@@ -86,6 +86,10 @@ def test_link_failures_and_hccl_entry_points(dec, ref_peer):
     with pytest.raises(LLMException) as e:
         dec.switch_role(LLMRole.PROMPT)          # links are alive
     assert e.value.status_code == LLMStatusCode.LLM_EXIST_LINK
+    dec.check_link_status(dec.ci.remote_cluster_id)   # no exception: alive
+    with pytest.raises(LLMException) as e:
+        dec.check_link_status(9)
+    assert e.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK
 
 
 def test_pull_blocks_and_cache(dec, ref_peer):
