@@ -70,8 +70,11 @@ test_stopped_prompt(void **state)
 {
     const char *args[] = {"--cluster", "1", "--transport", transport, NULL};
     char wait[16], reply[64];
-    llmdd_option opts[2] = {{"llm.SyncKvCacheWaitTime", wait},
-                            {"llm.Transport", transport}};
+    /* The prompt stays stopped for several wait times and the link must
+     * outlive it: the decoder allows its heartbeats that long. */
+    llmdd_option opts[3] = {{"llm.SyncKvCacheWaitTime", wait},
+                            {"llm.Transport", transport},
+                            {"llm.HeartbeatMisses", "30"}};
     llmdd_cache_desc d = {.num_tensors = 4,
                           .data_type = LLMDD_DT_UINT8,
                           .num_dims = 2,
@@ -94,7 +97,7 @@ test_stopped_prompt(void **state)
     llmdd_cache_index push_idx = {PEER, atoll(reply + 3), 0};
     llmdd_cache_index idx = {PEER, big, 0};
     assert_int_equal(llmdd_create(SELF, LLMDD_ROLE_MIX, &dd), LLM_SUCCESS);
-    assert_int_equal(llmdd_initialize(dd, opts, 2), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, opts, 3), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
                      LLM_SUCCESS);
