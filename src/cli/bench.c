@@ -32,7 +32,7 @@
 #include "bench.h"
 
 const char *const bench_ops[BOP_N] = {"pull", "push", "pull-blocks", "link",
-                                      "layerwise"};
+                                      "layerwise", "fleet"};
 const char *const bench_bases[BASE_N] = {"auto", "memcpy", "tcp", "none"};
 
 static const char bench_usage[] =
@@ -59,7 +59,9 @@ static const char bench_usage[] =
     "                          --blocks scattered blocks of one tensor;\n"
     "                          link: link + unlink setup times;\n"
     "                          layerwise: compute-then-push against a\n"
-    "                          layer-wise push (see below)\n"
+    "                          layer-wise push (see below);\n"
+    "                          fleet: 1 prompt, 8 decoders, 3 misbehaving\n"
+    "                          (see below)\n"
     "  -t, --transport NAME    auto (default), loop, shm, tcp, ucx\n"
     "      --block-size MIN:MAX  block sizes, powers of two, e.g. 4K:16M or\n"
     "                          one size (default 4K:16M)\n"
@@ -130,7 +132,16 @@ static const char bench_usage[] =
     "  llmdd bench --op pull-blocks --block-size 16K --blocks 4096\n"
     "  llmdd bench --op pull-blocks -t tcp --block-size 64K --inflight 64\n"
     "  llmdd bench --op link --iters 200\n"
-    "  llmdd bench --op layerwise --num-layers 32 --iters 10\n";
+    "  llmdd bench --op layerwise --num-layers 32 --iters 10\n"
+    "  llmdd bench --op fleet --min-time 5000\n"
+    "\n"
+    "--op fleet (tcp unless -t): a prompt and 8 decoder processes; 5 pull\n"
+    "and are pushed a slot (--block-size, default 256K) every 20 ms each,\n"
+    "checked byte for byte, for --min-time ms (default 3000) alone, then as\n"
+    "long while decoder 5 is stopped, 6 floods notifications and 7 is cut\n"
+    "off (a network namespace of its own; needs root). Prints the healthy\n"
+    "decoders' p99 in both phases and their ratio; exits 1 if a healthy\n"
+    "decoder saw an error, a wrong byte or a request past the wait time.\n";
 
 /* ---- The sweep. ---- */
 
@@ -391,6 +402,16 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
                              "pull-blocks");
     if (cfg->rounds == 0)
         cfg->rounds = 1;
+    if (cfg->op == BOP_FLEET) {
+        if (!cfg->block_set)
+            cfg->bmin = cfg->bmax = 256u << 10;
+        if (cfg->bmin != cfg->bmax || cfg->csv != NULL || cfg->plot != NULL ||
+            cfg->rounds > 1)
+            return cli_usage_err("--op fleet: one --block-size, no --csv, "
+                                 "--plot or --rounds (run it again)");
+        if (!cfg->transport_set && !cli_set_transport(&cfg->lo, "tcp"))
+            return CLI_EXIT_USAGE;
+    }
     if (cfg->op == BOP_LAYERWISE) {
         if (cfg->decoders > 1 || cfg->blocks > 1 || cfg->csv != NULL ||
             cfg->plot != NULL || cfg->baseline != BASE_AUTO)
@@ -834,6 +855,10 @@ cli_bench(int argc, char **argv)
     int prc = bench_parse(&cfg, argc, argv);
     if (prc != 0) {
         rc = prc < 0 ? CLI_EXIT_OK : prc;
+        goto out;
+    }
+    if (cfg.op == BOP_FLEET) {
+        rc = bench_fleet(&cfg);
         goto out;
     }
     if (!bench_memory_ok(&cfg))

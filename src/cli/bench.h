@@ -20,7 +20,15 @@
 #define BENCH_POOL_SHIFT 16
 #define BENCH_MAX_INFLIGHT 1024
 
-enum { BOP_PULL, BOP_PUSH, BOP_PULL_BLOCKS, BOP_LINK, BOP_LAYERWISE, BOP_N };
+enum {
+    BOP_PULL,
+    BOP_PUSH,
+    BOP_PULL_BLOCKS,
+    BOP_LINK,
+    BOP_LAYERWISE,
+    BOP_FLEET,
+    BOP_N
+};
 extern const char *const bench_ops[BOP_N];
 
 enum { BASE_AUTO, BASE_MEMCPY, BASE_TCP, BASE_NONE, BASE_N };
@@ -188,6 +196,10 @@ bool bench_base_tcp(const bench_cmd *c, uint64_t per_call,
                     bench_base_result *out);
 /* Ends the raw-TCP baseline's connection and sender; false if it failed. */
 bool bench_base_tcp_stop(void);
+
+/* ---- bench_fleet.c: --op fleet, start to end; the exit code. ---- */
+
+int bench_fleet(const bench_cfg *cfg);
 
 /* ---- bench_report.c ---- */
 
