@@ -279,7 +279,8 @@ test_ctrl_thread_never_waits_on_a_peer(void **state)
     assert_int_equal(llmdd_create(2, LLMDD_ROLE_DECODER, &c), LLM_SUCCESS);
     assert_int_equal(llmdd_initialize(c, o, 2), LLM_SUCCESS);
     int64_t worst = 0, t_end = th_now_ms() + 2000;
-    assert_int_equal(th_link(c, 1, "127.0.0.1", port, 1000), LLM_SUCCESS);
+    assert_int_equal(th_link(c, 1, "127.0.0.1", port, 1000 * FU_SLOW),
+                     LLM_SUCCESS);
     while (th_now_ms() < t_end) {
         llmdd_cache_index idx;
         int64_t t0 = th_now_ms();
@@ -289,11 +290,16 @@ test_ctrl_thread_never_waits_on_a_peer(void **state)
             worst = th_now_ms() - t0;
     }
     /* And a new link, while the deaf peer still stalls its own. */
-    assert_int_equal(th_unlink(c, 1, "127.0.0.1", port, false, 1000),
+    assert_int_equal(th_unlink(c, 1, "127.0.0.1", port, false, 1000 * FU_SLOW),
                      LLM_SUCCESS);
     int64_t t0 = th_now_ms();
-    assert_int_equal(th_link(c, 1, "127.0.0.1", port, 1000), LLM_SUCCESS);
+    assert_int_equal(th_link(c, 1, "127.0.0.1", port, 1000 * FU_SLOW),
+                     LLM_SUCCESS);
     int64_t link_ms = th_now_ms() - t0;
+    atomic_store(&sd.stop, true);
+    shutdown(deaf, SHUT_RDWR);
+    assert_int_equal(pthread_join(ta, NULL), 0);
+    assert_int_equal(pthread_join(ts, NULL), 0);
     fprintf(stderr,
             "# beside a deaf peer: worst key lookup %lld ms, link %lld ms; "
             "the application's sends to it: %d, then %s\n",
@@ -301,11 +307,6 @@ test_ctrl_thread_never_waits_on_a_peer(void **state)
             llmdd_status_str(sd.first_fail));
     assert_true(worst < 200 + MARGIN_MS);
     assert_true(link_ms < 200 + MARGIN_MS);
-
-    atomic_store(&sd.stop, true);
-    shutdown(deaf, SHUT_RDWR);
-    assert_int_equal(pthread_join(ta, NULL), 0);
-    assert_int_equal(pthread_join(ts, NULL), 0);
     /* The window went, then the sends waited for credit, not the socket. */
     assert_true(sd.sent <= LLMDD_NOTIFY_WINDOW);
     close(deaf);

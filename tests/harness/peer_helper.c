@@ -25,7 +25,8 @@
  *   lookup CLUSTER KEY             llmdd_lookup_remote_key: "OK <ms>" or ERR
  *   push-loop CLUSTER ID RID N     pushes slot i % 4 of our cache ID into
  *                                  the peer's RID, N times or until one
- *                                  fails: "OK <done> <start of the last
+ *                                  fails: "GO" once the first push ended,
+ *                                  then "OK <done> <start of the last
  *                                  success, CLOCK_MONOTONIC ms> <status>"
  * Options: --cluster N --role prompt|decoder|mix --ip IP --transport T
  *          --auth TOKEN --wait MS --pool JSON --opt KEY=VALUE (any option)
@@ -368,6 +369,14 @@ cmd_push_loop(llmdd *dd, uint64_t cluster, long long id, long long rid,
         if (st != LLM_SUCCESS)
             break;
         last = began;
+        if (done == 0) { /* the loop is under way */
+            printf("GO\n");
+            fflush(stdout);
+        }
+    }
+    if (done == 0) {
+        printf("GO\n"); /* (and the result says why it stopped) */
+        fflush(stdout);
     }
     printf("OK %u %lld %s\n", done, (long long)last, llmdd_status_str(st));
     fflush(stdout);
