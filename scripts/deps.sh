@@ -28,6 +28,35 @@ echo "deps.sh: installing:$missing" >&2
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
+# Another apt or dpkg run (unattended upgrades on a fresh machine) may hold
+# apt's or dpkg's lock: wait for it, up to 10 minutes, instead of failing
+# with 100. DPkg::Lock::Timeout covers dpkg's lock; the package lists' lock
+# is not covered by it (apt 2.6), so a run that failed on a lock is retried.
+apt_wait() {
+    waited=0
+    while :; do
+        if out=$($SUDO apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1); then
+            printf '%s\n' "$out"
+            return 0
+        fi
+        case "$out" in
+        *"Could not get lock"* | *"Unable to lock"*)
+            if [ "$waited" -ge 600 ]; then
+                printf '%s\n' "$out" >&2
+                return 100
+            fi
+            [ "$waited" -eq 0 ] &&
+                echo "deps.sh: another apt or dpkg run holds its lock; waiting" >&2
+            sleep 5
+            waited=$((waited + 5))
+            ;;
+        *)
+            printf '%s\n' "$out" >&2
+            return 100
+            ;;
+        esac
+    done
+}
+apt_wait update -q
 # shellcheck disable=SC2086
-$SUDO apt-get install -y -q --no-install-recommends $missing
+apt_wait install -y -q --no-install-recommends $missing
