@@ -55,4 +55,39 @@ dpkg --root="$root" --force-depends --force-script-chrootless \
     --log=/dev/null -i "$deb" >/dev/null
 env -u LD_LIBRARY_PATH "$root/usr/bin/llmdd" info --no-probe >/dev/null
 "$root/usr/bin/llmdd" --help >/dev/null 2>&1 || true
+step "the .deb alone serves its consumers: extracted, and nothing else seen"
+# Only the extracted tree's pkg-config files are visible (PKG_CONFIG_LIBDIR
+# replaces the system's search path), so a .pc or CMake config that needed
+# a -dev package the .deb does not depend on would fail here.
+x=$tmp/x
+dpkg -x "$deb" "$x"
+xlib=$(dirname "$(find "$x" -name 'libllmdd.so.0' | head -1)")
+xpc=$xlib/pkgconfig
+flags=$(PKG_CONFIG_LIBDIR="$xpc" pkg-config --cflags --libs llmdd)
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Werror -o "$tmp/x_pc" "$src/tests/install/consumer.c" \
+    $flags -Wl,-rpath,"$xlib"
+"$tmp/x_pc"
+PKG_CONFIG_LIBDIR="$xpc" pkg-config --print-requires llmdd | (! grep -q .)
+mkdir "$tmp/xconsumer"
+cp "$src/tests/install/consumer.c" "$src/tests/install/consumer.cpp" \
+    "$tmp/xconsumer/"
+cp "$src/tests/install/CMakeLists.consumer.txt" "$tmp/xconsumer/CMakeLists.txt"
+PKG_CONFIG_LIBDIR="$xpc" cmake -S "$tmp/xconsumer" -B "$tmp/xconsumer/build" \
+    -DCMAKE_PREFIX_PATH="$x/usr" -DCMAKE_BUILD_RPATH="$xlib" >/dev/null
+cmake --build "$tmp/xconsumer/build" >/dev/null
+"$tmp/xconsumer/build/consumer_c"
+"$tmp/xconsumer/build/consumer_cpp"
+# What the shared objects need at run time is in Depends (shlibdeps).
+depends=$(dpkg-deb -f "$deb" Depends)
+for lib in libcjson1 libssl3 libmicrohttpd12; do
+    case "$depends" in
+    *"$lib"*) ;;
+    *)
+        echo "install_test: Depends lacks $lib: $depends" >&2
+        exit 1
+        ;;
+    esac
+done
+
 echo "install_test: 1 passed, 0 failed"

@@ -33,7 +33,8 @@ def test_cmake_install(tmp_path):
     build = os.path.dirname(LIB)
     subprocess.run(["cmake", "--install", build, "--prefix", str(tmp_path)], check=True,
                    capture_output=True, timeout=120)
-    site = tmp_path / "lib" / "python3" / "dist-packages"
+    ver = "%d.%d" % sys.version_info[:2]
+    site = tmp_path / "lib" / f"python{ver}" / "dist-packages"
     assert (site / "llmdd" / "_libpath.py").exists()
     path, ok = _probe(str(site), str(tmp_path))
     assert path.startswith(str(tmp_path)) and ok == "LLMStatusCode.LLM_SUCCESS"
@@ -49,3 +50,13 @@ def test_pip_install(tmp_path):
     assert r.returncode == 0, r.stderr
     path, ok = _probe(str(tmp_path / "site"), str(tmp_path))
     assert path == str(tmp_path / "site" / "llmdd" / "_lib" / "libllmdd.so.0")
+
+
+def test_default_prefix_is_on_debians_path():
+    """cmake --install with the default prefix (/usr/local) puts the packages
+    where Debian's python3 looks: /usr/local/lib/python3.X/dist-packages."""
+    ver = "%d.%d" % sys.version_info[:2]
+    assert f"/usr/local/lib/python{ver}/dist-packages" in sys.path
+    out = subprocess.run(["cmake", "-LA", "-N", os.path.dirname(LIB or "build")],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert f"LLMDD_PYTHON_SITEDIR:STRING=lib/python{ver}/dist-packages" in out
