@@ -1,7 +1,8 @@
 /*
  * Transfers: pull and push (planned here, moved by the link's transport)
  * and local copies. Every check runs before any byte moves, in the order
- * MODEL.md gives, so the first failing check decides the status.
+ * docs/model.md gives, so the first failing check decides the status. An
+ * instance's role is a label: any role pulls and pushes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,19 +34,6 @@ static llmdd_status
 instance_ready(llmdd *dd)
 {
     return dd == NULL ? LLM_PARAM_INVALID : llmdd__ready(dd);
-}
-
-static bool
-role_may(llmdd *dd, bool write)
-{
-    llmdd_role r;
-
-    pthread_mutex_lock(&dd->lock);
-    r = dd->role;
-    pthread_mutex_unlock(&dd->lock);
-    if (r == LLMDD_ROLE_MIX)
-        return true;
-    return write ? r == LLMDD_ROLE_PROMPT : r == LLMDD_ROLE_DECODER;
 }
 
 /* The call's own arguments, before any cache is looked up. */
@@ -179,8 +167,8 @@ plan_runs(const xfer_args *a, const llmdd__cache *lc,
 }
 
 /*
- * Every pull and push, synchronous or posted: the checks of MODEL.md in
- * their order, then a plan that request.c runs now or posts. Once the plan
+ * Every pull and push, synchronous or posted: the checks of docs/model.md
+ * in their order, then a plan that request.c runs now or posts. Once the plan
  * is submitted (*submitted), the request counts its metrics when done.
  */
 static llmdd_status
@@ -199,10 +187,6 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
 
     if ((st = instance_ready(dd)) != LLM_SUCCESS)
         return st;
-    if (!role_may(dd, a->write)) {
-        log_error("%s: not allowed for this role", a->write ? "push" : "pull");
-        return LLM_PARAM_INVALID;
-    }
     if ((st = check_args(dd, a)) != LLM_SUCCESS)
         return st;
     int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(dd);

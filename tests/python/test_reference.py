@@ -135,7 +135,7 @@ def test_pull_blocks_and_cache(dec, ref_peer):
 
 
 def test_push_copy_swap(ref_peer):
-    dd = LLMDataDist(LLMRole.MIX, 3)       # push needs Prompt or Mix
+    dd = LLMDataDist(LLMRole.MIX, 3)
     dd.init({"llm.SyncKvCacheWaitTime": "5000", "llm.EnableCacheManager": "1"})
     ci = LLMClusterInfo()
     ci.remote_cluster_id = 1

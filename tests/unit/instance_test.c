@@ -1,8 +1,8 @@
 /*
- * The instance lifecycle and the rules that apply to every call (MODEL.md
- * "Instances, clusters, roles" and the check order of "Transfers"):
- * create, initialize, finalize, destroy, set_role, role rules, the order in
- * which checks decide the status, status strings and the version.
+ * The instance lifecycle and the rules that apply to every call: create,
+ * initialize, finalize, destroy, set_role, roles as labels, the order in
+ * which checks decide the status (docs/model.md), status strings and the
+ * version.
  * Peers are in-process instances linked over 127.0.0.1.
  */
 #include <arpa/inet.h>
@@ -62,8 +62,19 @@ holds_seed(const llmdd_cache *c, uint32_t seed)
     return true;
 }
 
+/* Whether the instance reports `role` (its metrics' instance label). */
+static bool
+role_is(llmdd *dd, const char *role)
+{
+    char buf[16384], want[64];
+
+    llmdd_metrics_text(dd, buf, sizeof(buf));
+    snprintf(want, sizeof(want), "role=\"%s\"", role);
+    return strstr(buf, want) != NULL;
+}
+
 /*
- * Every call of API.md but the lifecycle ones must return `want` on dd;
+ * Every call of the public API but the lifecycle ones must return `want` on dd;
  * with `bad_args` each call also gets arguments that are invalid, to show
  * that the instance check comes first.
  */
@@ -372,16 +383,15 @@ test_set_role_with_links(void **state)
                      LLM_EXIST_LINK);
     assert_int_equal(llmdd_set_role(t->p, LLMDD_ROLE_MIX, NULL, 0),
                      LLM_EXIST_LINK);
-    /* The failed call changed nothing: D still may not push. */
-    llmdd_cache_index idx = {C_PROMPT, t->p_kv.cache_id, 0};
-    assert_int_equal(llmdd_push_kv_cache(t->d, &t->d_kv, &idx, 0, -1, NULL),
-                     LLM_PARAM_INVALID);
+    /* The failed call changed nothing: D is still a decoder. */
+    assert_true(role_is(t->d, "decoder"));
 
     assert_int_equal(th_unlink(t->d, C_PROMPT, "127.0.0.1", t->port, false,
                                2000),
                      LLM_SUCCESS);
     assert_int_equal(llmdd_set_role(t->d, LLMDD_ROLE_MIX, NULL, 0),
                      LLM_SUCCESS);
+    assert_true(role_is(t->d, "mix"));
     assert_int_equal(llmdd_set_role(t->p, LLMDD_ROLE_PROMPT, NULL, 0),
                      LLM_EXIST_LINK); /* M is still linked to P */
     assert_int_equal(th_unlink(t->m, C_PROMPT, "127.0.0.1", t->port, false,
@@ -453,47 +463,24 @@ test_set_role_listen(void **state)
     llmdd_destroy(x);
 }
 
+/*
+ * Roles label an instance and have no effect on transfers: a decoder pushes,
+ * a prompt pulls, over the one link between them (what the reference's own
+ * samples do). Every byte that moved is checked, and nothing else changed.
+ */
 static void
-test_role_rules(void **state)
+test_roles_are_labels(void **state)
 {
     trio *t = *state;
-    uint64_t blocks[] = {0, 1, 2};
+    uint64_t blocks[] = {0, 1, 2}, dst[] = {5, 6, 7};
     llmdd_cache_index kv = {C_PROMPT, t->p_kv.cache_id, 0};
     llmdd_cache_index bl = {C_PROMPT, t->p_blocks.cache_id, 0};
-    llmdd_cache d_blocks;
+    llmdd_cache d_blocks, p_scratch;
 
     alloc_fill(t->d, th_desc_blocks(), &d_blocks, 7);
+    alloc_fill(t->p, th_desc_blocks(), &p_scratch, 0);
 
-    /* A decoder pulls but may not push. */
-    pull_all_and_check(t->d, t, &t->d_kv);
-    th_fill(&t->d_kv, 9);
-    assert_int_equal(llmdd_push_kv_cache(t->d, &t->d_kv, &kv, 0, -1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(
-        llmdd_push_kv_blocks(t->d, &d_blocks, &bl, blocks, blocks, 3, NULL),
-        LLM_PARAM_INVALID);
-    assert_true(holds_seed(&t->p_kv, 1));
-    assert_true(holds_seed(&t->p_blocks, 3));
-
-    /* A prompt pushes but may not pull. */
-    llmdd_cache_index dkv = {C_DECODER, t->d_kv.cache_id, 0};
-    llmdd_cache_index dbl = {C_DECODER, d_blocks.cache_id, 0};
-    assert_int_equal(llmdd_pull_kv_cache(t->p, &dkv, &t->p_kv, 0, -1, NULL),
-                     LLM_PARAM_INVALID);
-    assert_int_equal(
-        llmdd_pull_kv_blocks(t->p, &dbl, &t->p_blocks, blocks, blocks, 3, NULL),
-        LLM_PARAM_INVALID);
-    assert_true(holds_seed(&t->p_kv, 1));
-    assert_true(holds_seed(&t->p_blocks, 3));
-    for (uint32_t b = 0; b < 4; b++) {
-        dkv.batch_index = b;
-        assert_int_equal(llmdd_push_kv_cache(t->p, &t->p_kv, &dkv, b, -1,
-                                             NULL),
-                         LLM_SUCCESS);
-    }
-    assert_true(holds_seed(&t->d_kv, 1));
-
-    /* A mix instance does both. */
+    /* A mix instance does both, as before. */
     pull_all_and_check(t->m, t, &t->m_kv);
     llmdd_cache_index mbl = {C_PROMPT, t->p_blocks.cache_id, 0};
     assert_int_equal(
@@ -503,10 +490,52 @@ test_role_rules(void **state)
         llmdd_push_kv_blocks(t->m, &t->m_blocks, &mbl, blocks, blocks, 3, NULL),
         LLM_SUCCESS);
     assert_true(holds_seed(&t->p_blocks, 3));
+
+    /* A decoder pulls and pushes. */
+    pull_all_and_check(t->d, t, &t->d_kv);
+    th_fill(&t->d_kv, 9);
+    for (uint32_t b = 0; b < 4; b++) {
+        kv.batch_index = b;
+        assert_int_equal(llmdd_push_kv_cache(t->d, &t->d_kv, &kv, b, -1, NULL),
+                         LLM_SUCCESS);
+    }
+    assert_true(holds_seed(&t->p_kv, 9));
+    assert_int_equal(
+        llmdd_push_kv_blocks(t->d, &d_blocks, &bl, blocks, blocks, 3, NULL),
+        LLM_SUCCESS);
+    uint64_t bsize = th_tensor_size(&d_blocks.desc), stride = bsize / 64;
+    for (uint32_t i = 0; i < d_blocks.desc.num_tensors; i++) {
+        const uint8_t *p =
+            (const uint8_t *)(uintptr_t)t->p_blocks.tensor_addrs[i];
+        for (uint64_t k = 0; k < bsize; k++)
+            assert_int_equal(p[k], th_byte(k < 3 * stride ? 7 : 3, i, k));
+    }
+
+    /* A prompt pulls, from the decoder that linked to it. */
+    llmdd_cache_index dbl = {C_DECODER, d_blocks.cache_id, 0};
+    assert_int_equal(
+        llmdd_pull_kv_blocks(t->p, &dbl, &p_scratch, blocks, dst, 3, NULL),
+        LLM_SUCCESS);
+    for (uint32_t i = 0; i < p_scratch.desc.num_tensors; i++) {
+        const uint8_t *p =
+            (const uint8_t *)(uintptr_t)p_scratch.tensor_addrs[i];
+        for (uint64_t k = 0; k < bsize; k++)
+            assert_int_equal(p[k], k >= 5 * stride && k < 8 * stride
+                                       ? th_byte(7, i, k - 5 * stride)
+                                       : 0);
+    }
+    llmdd_cache p_kv2;
+    alloc_fill(t->p, th_desc_kv(), &p_kv2, 0);
+    for (uint32_t b = 0; b < 4; b++) {
+        llmdd_cache_index dkv = {C_DECODER, t->d_kv.cache_id, b};
+        assert_int_equal(llmdd_pull_kv_cache(t->p, &dkv, &p_kv2, b, -1, NULL),
+                         LLM_SUCCESS);
+    }
+    assert_true(holds_seed(&p_kv2, 9));
 }
 
 /*
- * MODEL.md "Checks run in this order": instance -> role -> own arguments ->
+ * The check order of docs/model.md: instance -> own arguments ->
  * local cache exists -> local indices and ranges -> link -> remote cache
  * exists -> remote indices, ranges and strides. Each case below fails two
  * checks at once; the earlier one must decide.
@@ -527,9 +556,9 @@ test_status_order_pull(void **state)
     uint64_t b0[] = {0}, b64[] = {64};
     llmdd *d = t->d;
 
-    /* The role decides before the arguments and the caches. */
+    /* No role check: a prompt's pull is decided by its arguments. */
     assert_int_equal(llmdd_pull_kv_cache(t->p, &nobody, &unknown, 0, -1, NULL),
-                     LLM_PARAM_INVALID);
+                     LLM_KV_CACHE_NOT_EXIST);
 
     /* Own arguments before the local cache. */
     assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &unknown, 0, 0, NULL),
@@ -642,9 +671,9 @@ test_status_order_push(void **state)
     llmdd *m = t->m;
 
     th_fill(&t->m_kv, 8);
-    /* A decoder may not push even to nobody with an unknown cache. */
+    /* No role check: a decoder's push is decided by its arguments. */
     assert_int_equal(llmdd_push_kv_cache(t->d, &unknown, &nobody, 0, -1, NULL),
-                     LLM_PARAM_INVALID);
+                     LLM_KV_CACHE_NOT_EXIST);
     /* Own arguments, then the local (source) cache. */
     assert_int_equal(llmdd_push_kv_cache(m, &unknown, &nobody, 0, 0, NULL),
                      LLM_PARAM_INVALID);
@@ -773,7 +802,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_set_role_with_links, trio_setup,
                                         trio_teardown),
         cmocka_unit_test(test_set_role_listen),
-        cmocka_unit_test_setup_teardown(test_role_rules, trio_setup,
+        cmocka_unit_test_setup_teardown(test_roles_are_labels, trio_setup,
                                         trio_teardown),
         cmocka_unit_test_setup_teardown(test_status_order_pull, trio_setup,
                                         trio_teardown),
