@@ -122,7 +122,8 @@ def _ext(src_layers, dst_layers, tensor_num_per_layer):
     e = _ffi.KvExtParamC()
     e.src_layer_range.first, e.src_layer_range.second = _layer_range("src_layers", src_layers)
     e.dst_layer_range.first, e.dst_layer_range.second = _layer_range("dst_layers", dst_layers)
-    e.tensor_num_per_layer = _int("tensor_num_per_layer", tensor_num_per_layer, 1, _U32_MAX)
+    # Checked by the library, and only where used (a range, a layer-wise push).
+    e.tensor_num_per_layer = _int("tensor_num_per_layer", tensor_num_per_layer, 0, _U32_MAX)
     return e
 
 

@@ -80,10 +80,13 @@ range_shape_ok(llmdd_layer_range r)
 llmdd_status
 llmdd__ext_check_shape(const llmdd_kv_ext_param *ext)
 {
-    if (ext->tensor_num_per_layer < 1)
-        return LLM_PARAM_INVALID;
     if (!range_shape_ok(ext->src_layer_range) ||
         !range_shape_ok(ext->dst_layer_range))
+        return LLM_PARAM_INVALID;
+    /* tnpl means something only to a range that is given. */
+    if ((!range_is_default(ext->src_layer_range) ||
+         !range_is_default(ext->dst_layer_range)) &&
+        ext->tensor_num_per_layer < 1)
         return LLM_PARAM_INVALID;
     return LLM_SUCCESS;
 }
@@ -100,11 +103,11 @@ llmdd__range_resolve(const llmdd_kv_ext_param *ext, bool is_src,
     llmdd_layer_range range = is_src ? ext->src_layer_range
                                      : ext->dst_layer_range;
     uint32_t tnpl = ext->tensor_num_per_layer;
-    if (tnpl < 1 || tnpl > num_tensors || !range_shape_ok(range))
+    if (!range_shape_ok(range))
         return LLM_PARAM_INVALID;
     if (range_is_default(range))
         return LLM_SUCCESS;
-    if (num_tensors % tnpl != 0)
+    if (tnpl < 1 || tnpl > num_tensors || num_tensors % tnpl != 0)
         return LLM_PARAM_INVALID;
     uint32_t max_layer = num_tensors / tnpl - 1;
     if ((uint32_t)range.second > max_layer)

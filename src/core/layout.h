@@ -12,7 +12,7 @@
 size_t llmdd__dtype_size(llmdd_data_type dt);
 
 /*
- * Validates a desc (MODEL.md "Desc validation") and computes the tensor size
+ * Validates a desc (docs/model.md's desc rules) and computes the tensor size
  * and the stride of one batch slot / block. Returns LLM_PARAM_INVALID on any
  * violation, including a size that overflows int64.
  */
@@ -27,18 +27,19 @@ typedef struct {
 } llmdd__tensor_span;
 
 /*
- * Checks the parts of an ext param that need no cache: tensor_num_per_layer
- * >= 1 and each range either {-1,-1} or 0 <= first <= second.
+ * Checks the parts of an ext param that need no cache: each range either
+ * {-1,-1} or 0 <= first <= second, and tensor_num_per_layer >= 1 when a
+ * range is given (with both ranges default tnpl is not used, so a NULL ext
+ * and the default ext behave alike on any cache).
  */
 llmdd_status llmdd__ext_check_shape(const llmdd_kv_ext_param *ext);
 
 /*
  * Resolves one side's range (the source side when is_src) against its cache
- * of num_tensors tensors: tnpl <= num_tensors, and for a non-default range
- * tnpl divides num_tensors and second <= max layer. The default range selects
- * every tensor. A NULL ext selects every tensor and checks nothing: with no
- * ranges, tensor_num_per_layer has no meaning, so a one-tensor cache works
- * with the default ext.
+ * of num_tensors tensors. The default range (and a NULL ext) selects every
+ * tensor and checks no tnpl: it has no meaning without a range, so a
+ * one-tensor cache works with the default ext (tnpl 2). A given range needs
+ * tnpl in [1, num_tensors], dividing num_tensors, and second <= max layer.
  */
 llmdd_status llmdd__range_resolve(const llmdd_kv_ext_param *ext, bool is_src,
                                   uint32_t num_tensors,

@@ -36,6 +36,18 @@ instance_ready(llmdd *dd)
     return dd == NULL ? LLM_PARAM_INVALID : llmdd__ready(dd);
 }
 
+static bool
+layerwise(const xfer_args *a)
+{
+    return a->opts != NULL && (a->opts->flags & LLMDD_XFER_LAYERWISE) != 0;
+}
+
+static uint32_t
+layer_tensors(const xfer_args *a)
+{
+    return a->ext != NULL ? a->ext->tensor_num_per_layer : 2;
+}
+
 /* The call's own arguments, before any cache is looked up. */
 static llmdd_status
 check_args(llmdd *dd, const xfer_args *a)
@@ -50,8 +62,14 @@ check_args(llmdd *dd, const xfer_args *a)
             a->remote_blocks == NULL || a->remote_index->batch_index != 0)
             return LLM_PARAM_INVALID;
     }
-    if (a->ext != NULL && llmdd__ext_check_shape(a->ext) != LLM_SUCCESS)
+    if (a->ext != NULL && llmdd__ext_check_shape(a->ext) != LLM_SUCCESS) {
+        log_error("%s: bad layer ranges {%d,%d} -> {%d,%d} with %u tensors "
+                  "per layer",
+                  a->write ? "push" : "pull", a->ext->src_layer_range.first,
+                  a->ext->src_layer_range.second, a->ext->dst_layer_range.first,
+                  a->ext->dst_layer_range.second, a->ext->tensor_num_per_layer);
         return LLM_PARAM_INVALID;
+    }
     if (a->post) {
         const llmdd_xfer_opts *o = a->opts;
         if (a->req_out == NULL)
@@ -62,22 +80,14 @@ check_args(llmdd *dd, const xfer_args *a)
                           o->notify_len > LLMDD_NOTIFY_MAX ||
                           (o->notify == NULL && o->notify_len > 0)))
             return LLM_PARAM_INVALID;
+        /* A layer-wise push counts layers: tnpl is used even with default
+         * ranges. */
+        if (layerwise(a) && layer_tensors(a) < 1)
+            return LLM_PARAM_INVALID;
     }
     if (a->remote_index->cluster_id == dd->cluster_id)
         return LLM_PARAM_INVALID;
     return LLM_SUCCESS;
-}
-
-static bool
-layerwise(const xfer_args *a)
-{
-    return a->opts != NULL && (a->opts->flags & LLMDD_XFER_LAYERWISE) != 0;
-}
-
-static uint32_t
-layer_tensors(const xfer_args *a)
-{
-    return a->ext != NULL ? a->ext->tensor_num_per_layer : 2;
 }
 
 /* Local indices and ranges. The local side is the destination of a pull. */
@@ -95,10 +105,21 @@ check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
     }
     llmdd_status st =
         llmdd__range_resolve(a->ext, a->write, c->desc.num_tensors, span);
+    if (st != LLM_SUCCESS) {
+        log_error("%s: the layer range does not fit local cache %lld (%u "
+                  "tensors)",
+                  a->write ? "push" : "pull", (long long)c->id,
+                  c->desc.num_tensors);
+        return st;
+    }
     /* Layer-wise (a push): the layers are the source range's, whole. */
-    if (st == LLM_SUCCESS && layerwise(a) && span->count % layer_tensors(a))
+    if (layerwise(a) && span->count % layer_tensors(a) != 0) {
+        log_error("push: layer-wise needs whole layers: %u tensors, %u per "
+                  "layer",
+                  span->count, layer_tensors(a));
         return LLM_PARAM_INVALID;
-    return st;
+    }
+    return LLM_SUCCESS;
 }
 
 static llmdd_status

@@ -258,8 +258,8 @@ def test_bad_arguments(dd, peer):
         with pytest.raises(ValueError):
             dd.pull_cache((1, 1), oc)      # another instance's cache
         with pytest.raises(llmdd.LlmddError) as e:
-            other.push_cache(oc, (1, 1))   # a decoder cannot push
-        assert e.value.status == llmdd.LLM_PARAM_INVALID
+            other.push_cache(oc, (1, 1))   # a decoder pushes: no link here
+        assert e.value.status == llmdd.LLM_NOT_YET_LINK
     d2 = llmdd.Instance(10)
     d2.close()
     with pytest.raises(llmdd.LlmddError) as e:
@@ -341,3 +341,28 @@ def test_close_waits_for_calls_in_flight(peer):
         assert errors == []
         for r in endless:
             r.close()
+
+
+def test_one_tensor_cache_without_layer_arguments():
+    """tensor_num_per_layer (2 by default) is not used without layer ranges:
+    a one-tensor cache moves with the default arguments, as with NULL in C."""
+    with llmdd.Instance(7, llmdd.Role.PROMPT,
+                        options={"llm.ListenIpInfo": "127.0.0.1:0"}) as p, \
+            llmdd.Instance(8, llmdd.Role.DECODER) as d:
+        d.link(7, p.listen_address())
+        src = [pattern(5, (4, 64), np.uint8)]
+        dst = [np.zeros((4, 64), np.uint8)]
+        with p.register_cache(src) as s, d.register_cache(dst) as c:
+            d.pull_cache((7, s.cache_id, 2), c, 1)
+            assert (dst[0][1] == src[0][2]).all()
+            d.pull_blocks((7, s.cache_id), c, [3], [0])
+            assert (dst[0][0] == src[0][3]).all()
+            d.pull_cache((7, s.cache_id, 1), c, 2, tensor_num_per_layer=0)
+            assert (dst[0][2] == src[0][1]).all() and not dst[0][3].any()
+            dst[0][3] = 9
+            d.push_cache(c, (7, s.cache_id, 0), 3)
+            assert (src[0][0] == 9).all()
+            # a layer-wise push counts layers: tnpl 2 does not fit one tensor
+            with pytest.raises(llmdd.LlmddError) as e:
+                d.push_cache_async(c, (7, s.cache_id, 0), 3, layerwise=True)
+            assert e.value.status == llmdd.LLM_PARAM_INVALID

@@ -204,3 +204,32 @@ def test_push_copy_swap(ref_peer):
         cm.transfer_cache_async(src, Sync(), [TransferConfig(1, [4096])])
     assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
     dd.finalize()
+
+
+def test_one_tensor_cache_default_layers():
+    """A one-tensor cache pulled without layer arguments: the default
+    tensor_num_per_layer (2) is not used when no range is given."""
+    from conftest import free_port
+    port = free_port()
+    p = LLMDataDist(LLMRole.PROMPT, 11)
+    p.init({"llm.ListenIpInfo": f"127.0.0.1:{port}", "llm.SyncKvCacheWaitTime": "5000"})
+    d = LLMDataDist(LLMRole.DECODER, 12)
+    d.init({"llm.SyncKvCacheWaitTime": "5000"})
+    try:
+        ci = LLMClusterInfo()
+        ci.remote_cluster_id = 11
+        ci.append_remote_ip_info("127.0.0.1", port)
+        assert d.link_clusters([ci])[0] == LLMStatusCode.LLM_SUCCESS
+        src = [torch.from_numpy(pattern(6, (4, 32), np.int32))]
+        s = p.cache_manager.register_cache(CacheDesc(1, [4, 32], DataType.DT_INT32),
+                                           [src[0].data_ptr()], [CacheKey(11, req_id=7)])
+        dst = [torch.zeros(4, 32, dtype=torch.int32)]
+        c = d.cache_manager.register_cache(CacheDesc(1, [4, 32], DataType.DT_INT32),
+                                           [dst[0].data_ptr()])
+        d.cache_manager.pull_cache(CacheKey(11, req_id=7), c, batch_index=3)
+        assert (dst[0][3] == src[0][0]).all() and not dst[0][:3].any()
+        d.cache_manager.pull_cache(CacheKeyByIdAndIndex(11, s.cache_id, 2), c, 1)
+        assert (dst[0][1] == src[0][2]).all()
+    finally:
+        d.finalize()
+        p.finalize()

@@ -534,6 +534,90 @@ test_roles_are_labels(void **state)
     assert_true(holds_seed(&p_kv2, 9));
 }
 
+/* One uint8 tensor of 4 slots of 64 bytes. */
+static llmdd_cache_desc
+desc_one_tensor(void)
+{
+    llmdd_cache_desc d = {.num_tensors = 1,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, 64}};
+    return d;
+}
+
+/*
+ * tensor_num_per_layer is used only by layer ranges and layer-wise pushes:
+ * with both ranges default, a NULL ext, the default ext (tnpl 2) and any
+ * other tnpl behave the same, also on a cache of one tensor.
+ */
+static void
+test_default_ext_one_tensor(void **state)
+{
+    trio *t = *state;
+    llmdd_kv_ext_param def = LLMDD_KV_EXT_PARAM_DEFAULT;
+    llmdd_kv_ext_param tnpl0 = {{-1, -1}, {-1, -1}, 0};
+    llmdd_kv_ext_param tnpl9 = {{-1, -1}, {-1, -1}, 9};
+    const llmdd_kv_ext_param *exts[] = {NULL, &def, &tnpl0, &tnpl9};
+    llmdd_cache src, dst;
+    uint64_t sb[] = {3}, db[] = {1};
+
+    alloc_fill(t->p, desc_one_tensor(), &src, 5);
+    alloc_fill(t->d, desc_one_tensor(), &dst, 0);
+    llmdd_cache_index idx = {C_PROMPT, src.cache_id, 0};
+    for (uint32_t b = 0; b < 4; b++) {
+        idx.batch_index = b;
+        assert_int_equal(llmdd_pull_kv_cache(t->d, &idx, &dst, b, -1, exts[b]),
+                         LLM_SUCCESS);
+    }
+    assert_true(holds_seed(&dst, 5));
+    idx.batch_index = 0;
+    for (size_t i = 0; i < 4; i++) {
+        memset((void *)(uintptr_t)dst.tensor_addrs[0], 0, 4 * 64);
+        assert_int_equal(
+            llmdd_pull_kv_blocks(t->d, &idx, &dst, sb, db, 1, exts[i]),
+            LLM_SUCCESS);
+        const uint8_t *p = (const uint8_t *)(uintptr_t)dst.tensor_addrs[0];
+        for (uint64_t k = 0; k < 4 * 64; k++)
+            assert_int_equal(
+                p[k], k >= 64 && k < 128 ? th_byte(5, 0, k + 2 * 64) : 0);
+    }
+    /* The same for a push, and for a posted one. */
+    th_fill(&dst, 6);
+    llmdd_cache_index to = {C_PROMPT, src.cache_id, 2};
+    assert_int_equal(llmdd_push_kv_cache(t->d, &dst, &to, 2, -1, &def),
+                     LLM_SUCCESS);
+    llmdd_request *req = NULL;
+    to.batch_index = 0;
+    assert_int_equal(llmdd_push_kv_blocks_async(t->d, &dst, &to, sb, sb, 1,
+                                                &tnpl0, NULL, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    const uint8_t *p = (const uint8_t *)(uintptr_t)src.tensor_addrs[0];
+    for (uint64_t k = 0; k < 4 * 64; k++)
+        assert_int_equal(p[k], th_byte(k >= 128 ? 6 : 5, 0, k));
+
+    /* A layer-wise push uses tnpl: it must fit the one tensor. */
+    llmdd_xfer_opts lw = {.flags = LLMDD_XFER_LAYERWISE};
+    req = NULL;
+    assert_int_equal(
+        llmdd_push_kv_cache_async(t->d, &dst, &to, 0, -1, &def, &lw, &req),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_cache_async(t->d, &dst, &to, 0, -1, &tnpl0, &lw, &req),
+        LLM_PARAM_INVALID);
+    assert_null(req);
+    llmdd_kv_ext_param one = {{-1, -1}, {-1, -1}, 1};
+    assert_int_equal(
+        llmdd_push_kv_cache_async(t->d, &dst, &to, 0, -1, &one, &lw, &req),
+        LLM_SUCCESS);
+    assert_int_equal(llmdd_request_layer_ready(req, 0), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    for (uint64_t k = 0; k < 64; k++)
+        assert_int_equal(p[k], th_byte(6, 0, k));
+}
+
 /*
  * The check order of docs/model.md: instance -> own arguments ->
  * local cache exists -> local indices and ranges -> link -> remote cache
@@ -549,7 +633,7 @@ test_status_order_pull(void **state)
     llmdd_cache_index p_kv = {C_PROMPT, t->p_kv.cache_id, 0};
     llmdd_cache_index p_unknown = {C_PROMPT, 777, 100};
     llmdd_kv_ext_param bad_shape = {{-1, 5}, {-1, -1}, 2};
-    llmdd_kv_ext_param tnpl0 = {{-1, -1}, {-1, -1}, 0};
+    llmdd_kv_ext_param tnpl0 = {{0, 0}, {-1, -1}, 0};
     llmdd_kv_ext_param dst_over = {{0, 0}, {4, 4}, 2};
     llmdd_kv_ext_param src_over = {{4, 4}, {0, 0}, 2};
     llmdd_kv_ext_param widths = {{0, 0}, {0, 1}, 2};
@@ -602,7 +686,7 @@ test_status_order_pull(void **state)
     assert_int_equal(
         llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, &dst_over),
         LLM_PARAM_INVALID);
-    llmdd_kv_ext_param tnpl9 = {{-1, -1}, {-1, -1}, 9};
+    llmdd_kv_ext_param tnpl9 = {{-1, -1}, {0, 0}, 9};
     assert_int_equal(llmdd_pull_kv_cache(d, &nobody, &t->d_kv, 0, -1, &tnpl9),
                      LLM_PARAM_INVALID);
     assert_int_equal(llmdd_pull_kv_blocks(d, &nobody, &t->d_kv, b0, b64, 1,
@@ -802,6 +886,8 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_set_role_with_links, trio_setup,
                                         trio_teardown),
         cmocka_unit_test(test_set_role_listen),
+        cmocka_unit_test_setup_teardown(test_default_ext_one_tensor, trio_setup,
+                                        trio_teardown),
         cmocka_unit_test_setup_teardown(test_roles_are_labels, trio_setup,
                                         trio_teardown),
         cmocka_unit_test_setup_teardown(test_status_order_pull, trio_setup,

@@ -1,8 +1,8 @@
 /*
  * Layout math (src/core/layout.c): element sizes, desc validation with the
  * computed tensor size and stride, layer ranges resolved to tensor spans, and
- * block lists turned into byte runs. Pure functions, so every rule of
- * MODEL.md "Caches" and "Layer ranges" is checked directly.
+ * block lists turned into byte runs. Pure functions, so every cache and
+ * layer-range rule of docs/model.md is checked directly.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -223,7 +223,12 @@ test_ext_check_shape(void **state)
     e = ext(0, 0, 5, 9, 1);
     assert_int_equal(llmdd__ext_check_shape(&e), LLM_SUCCESS);
 
+    /* tnpl is checked only where a range uses it. */
     e = ext(-1, -1, -1, -1, 0);
+    assert_int_equal(llmdd__ext_check_shape(&e), LLM_SUCCESS);
+    e = ext(0, 0, -1, -1, 0);
+    assert_int_equal(llmdd__ext_check_shape(&e), LLM_PARAM_INVALID);
+    e = ext(-1, -1, 1, 1, 0);
     assert_int_equal(llmdd__ext_check_shape(&e), LLM_PARAM_INVALID);
 
     /* Each bad range, on either side. */
@@ -275,14 +280,24 @@ test_range_resolve(void **state)
     e = ext(-1, -1, -1, -1, 3);
     assert_span(&e, true, 8, 0, 8);
 
-    /* tnpl 0 and tnpl above num_tensors. */
+    /* With the default range tnpl is not used: 0 and values above
+     * num_tensors select every tensor, as a NULL ext does. */
     e = ext(-1, -1, -1, -1, 0);
-    assert_range_invalid(&e, true, 8);
+    assert_span(&e, true, 8, 0, 8);
     e = ext(-1, -1, -1, -1, 9);
-    assert_range_invalid(&e, true, 8);
-    /* The default ext has tnpl 2: a one-tensor cache needs NULL. */
+    assert_span(&e, false, 8, 0, 8);
+    /* The default ext (tnpl 2) on a one-tensor cache: every tensor. */
     e = (llmdd_kv_ext_param)LLMDD_KV_EXT_PARAM_DEFAULT;
-    assert_range_invalid(&e, false, 1);
+    assert_span(&e, false, 1, 0, 1);
+    assert_span(&e, true, 1, 0, 1);
+    /* Where a range uses it, tnpl must be in [1, num_tensors]. */
+    e = ext(0, 0, -1, -1, 0);
+    assert_range_invalid(&e, true, 8);
+    e = ext(0, 0, -1, -1, 9);
+    assert_range_invalid(&e, true, 8);
+    assert_span(&e, false, 8, 0, 8); /* the dst side is default */
+    e = ext(0, 0, 0, 0, 2);
+    assert_range_invalid(&e, true, 1);
     e = ext(0, 0, 0, 0, 8);
     assert_span(&e, true, 8, 0, 8);
 
@@ -355,6 +370,11 @@ test_map_tensors(void **state)
                      LLM_PARAM_INVALID);
     e = (llmdd_kv_ext_param)LLMDD_KV_EXT_PARAM_DEFAULT;
     assert_int_equal(llmdd__map_tensors(&e, 8, 4, &s, &d), LLM_PARAM_INVALID);
+    /* A NULL ext and the default ext agree on one-tensor caches. */
+    assert_int_equal(llmdd__map_tensors(NULL, 1, 1, &s, &d), LLM_SUCCESS);
+    assert_int_equal(llmdd__map_tensors(&e, 1, 1, &s, &d), LLM_SUCCESS);
+    assert_int_equal(s.count, 1);
+    assert_int_equal(d.count, 1);
 
     /* Layers 0..1 of the source onto layers 2..3 of the destination. */
     e = ext(0, 1, 2, 3, 2);
