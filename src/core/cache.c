@@ -556,21 +556,18 @@ cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size, uint64_t stride)
 
 /*
  * Code written for LLM-DataDist asks for device placement everywhere. This
- * build has no device memory: such a cache is host memory, said once.
+ * build has no device memory: such a cache is host memory, said once per
+ * instance (its first device cache), not on every call. dd->lock held.
  */
 static void
-device_as_host_log(void)
+device_as_host(llmdd *dd)
 {
-    log_warn("device placement: this build has no device support; device "
-             "caches are host memory");
-}
-
-static void
-device_as_host(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-
-    pthread_once(&once, device_as_host_log);
+    if (dd->device_as_host_said)
+        return;
+    dd->device_as_host_said = true;
+    log_warn("cluster %llu: device placement: this build has no device "
+             "support; device caches are host memory",
+             (unsigned long long)dd->cluster_id);
 }
 
 static llmdd_status
@@ -600,7 +597,7 @@ llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
         goto out;
     }
     if (desc->placement == LLMDD_PLACEMENT_DEVICE)
-        device_as_host();
+        device_as_host(dd);
     c = cache_new(desc, tensor_size, stride);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;
@@ -669,7 +666,7 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
             goto out;
     }
     if (desc->placement == LLMDD_PLACEMENT_DEVICE)
-        device_as_host();
+        device_as_host(dd);
     c = cache_new(desc, tensor_size, stride);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;

@@ -182,6 +182,7 @@ struct llmdd {
     struct llmdd__keys *keys; /* cache keys (keys.c); NULL until the first */
     struct llmdd__reqs *reqs; /* requests (request.c); from initialize */
     struct llmdd__notifies *notifies; /* received (notify.c); from init */
+    bool device_as_host_said; /* device placement was logged (cache.c); lock */
     uint64_t notify_serial; /* cache_removed rounds told link by link */
     bool notify_busy;       /* such a round is running */
 

@@ -1,10 +1,11 @@
 /*
- * The cache registry (MODEL.md "Caches"): allocation (zeroed, ids), the
+ * The cache registry (docs/model.md): allocation (zeroed, ids), the
  * host pool and its exhaustion, deallocation, registration of caller memory
  * and its argument checks, and which call may remove which kind of cache.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness/harness.h"
 
@@ -383,6 +384,66 @@ test_register_device(void **state)
     free(mem);
 }
 
+/* How many times `needle` occurs in `hay`. */
+static int
+count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/*
+ * Device placement without device support is logged once per instance:
+ * each instance's first device cache says so, whatever the call, and no
+ * later one repeats it.
+ */
+static void
+test_device_warning_once_per_instance(void **state)
+{
+    llmdd_cache_desc d = th_desc_small();
+    char path[] = "/tmp/llmdd-devlog-XXXXXX";
+    int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+    uint8_t *mem = calloc(8, th_tensor_size(&d));
+    uint64_t addrs[8];
+    llmdd *dd[2];
+    static char buf[65536];
+
+    (void)state;
+    assert_true(fd >= 0 && saved >= 0 && mem != NULL);
+    for (int t = 0; t < 8; t++)
+        addrs[t] = (uint64_t)(uintptr_t)(mem + t * th_tensor_size(&d));
+    d.placement = LLMDD_PLACEMENT_DEVICE;
+    dup2(fd, STDERR_FILENO);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(llmdd_create(10 + (uint64_t)i, LLMDD_ROLE_MIX, &dd[i]),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_initialize(dd[i], NULL, 0), LLM_SUCCESS);
+        for (int k = 0; k < 3; k++) {
+            llmdd_cache c;
+            int64_t id;
+            assert_int_equal(llmdd_register_kv_cache(dd[i], &d, addrs, 8, &id),
+                             LLM_SUCCESS);
+            assert_int_equal(llmdd_unregister_kv_cache(dd[i], id), LLM_SUCCESS);
+            assert_int_equal(llmdd_allocate_cache(dd[i], &d, &c), LLM_SUCCESS);
+            assert_int_equal(llmdd_deallocate_cache(dd[i], c.cache_id),
+                             LLM_SUCCESS);
+        }
+    }
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    llmdd_destroy(dd[0]);
+    llmdd_destroy(dd[1]);
+    free(mem);
+    assert_int_equal(count_of(buf, "no device support"), 2);
+}
+
 static void
 test_remove_by_kind(void **state)
 {
@@ -436,6 +497,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_register, setup, teardown),
         cmocka_unit_test_setup_teardown(test_register_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove_by_kind, setup, teardown),
+        cmocka_unit_test(test_device_warning_once_per_instance),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }
