@@ -131,7 +131,7 @@ class LLMDataDist:
         self._timeout(timeout)
         if not isinstance(force, bool):
             raise TypeError("force must be a bool")
-        cl = _clusters(clusters, not force)
+        cl = _clusters(clusters, False)     # a link is known by its id
         with translate("[unlink_clusters]"):
             st, rets = dd.unlink_clusters_status(cl, timeout, force)
         self._cache_manager._forget_keys()

@@ -708,7 +708,8 @@ class Instance:
     def unlink_clusters_status(self, clusters, timeout_ms=3000, force=False):
         if not isinstance(force, bool):
             raise TypeError("force must be a bool")
-        arr, n, _keep = self._clusters(clusters, need_addr=not force)
+        # A link is known by its cluster id: no address is needed or used.
+        arr, n, _keep = self._clusters(clusters, need_addr=False)
         _int("timeout_ms", timeout_ms, 1, _I32_MAX)
         rets = (_ffi.status_t * n)()
         st = self._call(lib.llmdd_unlink_clusters, arr, n, rets, timeout_ms, force)

@@ -223,7 +223,9 @@ llmdd_unlink_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
         return LLM_PARAM_INVALID;
     if (llmdd__ready(dd) != LLM_SUCCESS)
         return LLM_FAILED;
-    st = check_clusters(clusters, num_clusters, rets, timeout_ms, !force);
+    /* A link is known by its cluster id: addresses, when given, are not
+     * used, so they are not checked either. */
+    st = check_clusters(clusters, num_clusters, rets, timeout_ms, false);
     if (st != LLM_SUCCESS)
         return st;
     return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, true, force);

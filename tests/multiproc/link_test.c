@@ -1,5 +1,5 @@
 /*
- * Linking across processes (MODEL.md "Links"): this process is the decoder,
+ * Linking across processes (docs/model.md): this process is the decoder,
  * peer_helper processes are prompt instances listening on 127.0.0.1. Link,
  * pull, unlink and relink; the argument checks that come before any
  * connection; refused, silent, duplicate and mistaken links; several
@@ -99,23 +99,31 @@ test_unlink_args(void **state)
     assert_int_equal(llmdd_unlink_clusters(dd, ci, 17, rets, 1000, true),
                      LLM_CLUSTER_NUM_EXCEED_LIMIT);
 
-    /* A non-force unlink needs exactly one valid address. */
+    /* None of that touched the link. */
+    assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
+
+    /* A link is known by its cluster id: addresses are not used, so two, a
+     * bad one or none all end it (non-force: the peer is told). */
     llmdd_cluster_info noaddr = {.remote_cluster_id = 1};
-    assert_int_equal(llmdd_unlink_clusters(dd, &noaddr, 1, rets, 1000, false),
-                     LLM_PARAM_INVALID);
     llmdd_ip_info two[2];
     llmdd_cluster_info twoaddr = th_cluster(1, &two[0], MP_IP, p->port);
     two[1] = two[0];
     twoaddr.num_remote_ip_infos = 2;
-    assert_int_equal(llmdd_unlink_clusters(dd, &twoaddr, 1, rets, 1000, false),
-                     LLM_PARAM_INVALID);
     llmdd_cluster_info badip = th_cluster(1, &none, "300.0.0.1", p->port);
-    assert_int_equal(llmdd_unlink_clusters(dd, &badip, 1, rets, 1000, false),
-                     LLM_PARAM_INVALID);
-    /* None of that touched the link. */
-    assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
+    const llmdd_cluster_info *ends[] = {&twoaddr, &badip, &noaddr};
+    for (size_t i = 0; i < 3; i++) {
+        rets[0] = LLM_FAILED;
+        assert_int_equal(
+            llmdd_unlink_clusters(dd, ends[i], 1, rets, 1000, false),
+            LLM_SUCCESS);
+        assert_int_equal(rets[0], LLM_SUCCESS);
+        assert_int_equal(mp_pull_status(dd, 1, p->ids.kv), LLM_NOT_YET_LINK);
+        assert_int_equal(th_link_retry(dd, 1, MP_IP, p->port, 2000),
+                         LLM_SUCCESS);
+        assert_int_equal(mp_pull_check(dd, 1, p->ids.kv, 1), LLM_SUCCESS);
+    }
 
-    /* A force unlink needs only the cluster id. */
+    /* A force unlink, the same. */
     rets[0] = LLM_FAILED;
     assert_int_equal(llmdd_unlink_clusters(dd, &noaddr, 1, rets, 1000, true),
                      LLM_SUCCESS);

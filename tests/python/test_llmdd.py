@@ -366,3 +366,17 @@ def test_one_tensor_cache_without_layer_arguments():
             with pytest.raises(llmdd.LlmddError) as e:
                 d.push_cache_async(c, (7, s.cache_id, 0), 3, layerwise=True)
             assert e.value.status == llmdd.LLM_PARAM_INVALID
+
+
+def test_unlink_by_cluster_id(peer):
+    """A link is known by its cluster id: a non-force unlink needs no
+    address."""
+    with llmdd.Instance(5, llmdd.Role.DECODER,
+                        options={"llm.SyncKvCacheWaitTime": "5000"}) as d:
+        d.link(peer.cluster_id, peer.addr)
+        d.unlink(peer.cluster_id)
+        assert d.unlink_clusters_status([llmdd.ClusterInfo(peer.cluster_id)]) == (0, [0])
+        with d.register_cache([np.zeros((8, 256), np.uint8) for _ in range(4)]) as c:
+            with pytest.raises(llmdd.LlmddError) as e:
+                d.pull_cache((peer.cluster_id, peer.ids["A"]), c)
+            assert e.value.status == llmdd.LLM_NOT_YET_LINK

@@ -2,6 +2,7 @@
 
 import ctypes
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -233,3 +234,33 @@ def test_one_tensor_cache_default_layers():
     finally:
         d.finalize()
         p.finalize()
+
+
+def test_unlink_by_cluster_id(ref_peer):
+    """unlink_clusters needs only remote_cluster_id (not forced: the peer is
+    told); a link is known by its id."""
+    dd = LLMDataDist(LLMRole.DECODER, 4)
+    dd.init({"llm.SyncKvCacheWaitTime": "5000"})
+    try:
+        ci = LLMClusterInfo()
+        ci.remote_cluster_id = 1
+        ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+        assert dd.link_clusters([ci])[0] == LLMStatusCode.LLM_SUCCESS
+        by_id = LLMClusterInfo()
+        by_id.remote_cluster_id = 1
+        st, rets = dd.unlink_clusters([by_id], 3000)
+        assert st == LLMStatusCode.LLM_SUCCESS and rets == [LLMStatusCode.LLM_SUCCESS]
+        arrs = [np.zeros((4, 64), np.int32) for _ in range(4)]
+        cache = dd.cache_manager.register_cache(CacheDesc(4, [4, 64], DataType.DT_INT32), arrs)
+        with pytest.raises(LLMException) as e:
+            dd.cache_manager.pull_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["keyed"], 0), cache)
+        assert e.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK
+        # linked again at once: the peer's side went with the unlink
+        deadline = time.monotonic() + 5
+        while dd.link_clusters([ci])[0] == LLMStatusCode.LLM_ALREADY_LINK:
+            assert time.monotonic() < deadline
+        dd.cache_manager.pull_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["keyed"], 0), cache)
+        assert (arrs[1][0] == pattern(31, (4, 64), np.int32)[0]).all()
+        assert dd.unlink_clusters([by_id], 3000)[0] == LLMStatusCode.LLM_SUCCESS
+    finally:
+        dd.finalize()

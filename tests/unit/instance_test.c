@@ -534,6 +534,62 @@ test_roles_are_labels(void **state)
     assert_true(holds_seed(&p_kv2, 9));
 }
 
+/*
+ * A link is known by its cluster id: a non-force unlink with no address
+ * (or with one that is not the peer's) tells the peer and ends the link on
+ * both sides; the server side of a link can end it the same way.
+ */
+static void
+test_unlink_by_id(void **state)
+{
+    trio *t = *state;
+    llmdd_cluster_info ci = {.remote_cluster_id = C_PROMPT};
+    llmdd_status ret = LLM_FAILED;
+    llmdd_cache_index idx = {C_PROMPT, t->p_kv.cache_id, 0};
+    llmdd_cache_index back = {C_DECODER, t->d_kv.cache_id, 0};
+
+    assert_int_equal(llmdd_unlink_clusters(t->d, &ci, 1, &ret, 2000, false),
+                     LLM_SUCCESS);
+    assert_int_equal(ret, LLM_SUCCESS);
+    assert_int_equal(llmdd_pull_kv_cache(t->d, &idx, &t->d_kv, 0, -1, NULL),
+                     LLM_NOT_YET_LINK);
+    /* The peer heard it: its side goes too (just after it acked). */
+    llmdd_status st = LLM_SUCCESS;
+    for (int i = 0; i < 500 && st != LLM_NOT_YET_LINK; i++) {
+        st = llmdd_pull_kv_cache(t->p, &back, &t->p_small, 0, 512, NULL);
+        if (st != LLM_NOT_YET_LINK)
+            th_sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_NOT_YET_LINK);
+
+    /* An address given is not used: a wrong one still ends the link. */
+    llmdd_ip_info wrong = {"127.0.0.1", 1};
+    ci.remote_ip_infos = &wrong;
+    ci.num_remote_ip_infos = 1;
+    assert_int_equal(llmdd_unlink_clusters(t->m, &ci, 1, &ret, 2000, false),
+                     LLM_SUCCESS);
+    assert_int_equal(ret, LLM_SUCCESS);
+    idx.batch_index = 1;
+    assert_int_equal(llmdd_pull_kv_cache(t->m, &idx, &t->m_kv, 0, -1, NULL),
+                     LLM_NOT_YET_LINK);
+
+    /* The server side ends a link by id too; unlinking again is success. */
+    assert_int_equal(th_link(t->d, C_PROMPT, "127.0.0.1", t->port, 2000),
+                     LLM_SUCCESS);
+    llmdd_cluster_info to_d = {.remote_cluster_id = C_DECODER};
+    assert_int_equal(llmdd_unlink_clusters(t->p, &to_d, 1, &ret, 2000, false),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_unlink_clusters(t->p, &to_d, 1, &ret, 2000, false),
+                     LLM_SUCCESS);
+    st = LLM_SUCCESS;
+    for (int i = 0; i < 500 && st != LLM_NOT_YET_LINK; i++) {
+        st = llmdd_pull_kv_cache(t->d, &idx, &t->d_kv, 0, -1, NULL);
+        if (st != LLM_NOT_YET_LINK)
+            th_sleep_ms(10);
+    }
+    assert_int_equal(st, LLM_NOT_YET_LINK);
+}
+
 /* One uint8 tensor of 4 slots of 64 bytes. */
 static llmdd_cache_desc
 desc_one_tensor(void)
@@ -886,6 +942,8 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_set_role_with_links, trio_setup,
                                         trio_teardown),
         cmocka_unit_test(test_set_role_listen),
+        cmocka_unit_test_setup_teardown(test_unlink_by_id, trio_setup,
+                                        trio_teardown),
         cmocka_unit_test_setup_teardown(test_default_ext_one_tensor, trio_setup,
                                         trio_teardown),
         cmocka_unit_test_setup_teardown(test_roles_are_labels, trio_setup,
