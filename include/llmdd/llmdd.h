@@ -1,8 +1,8 @@
 /*
  * llmdd: move LLM KV caches between prefill and decode processes.
  *
- * This is the only public header. The contract (names, argument order and
- * numeric values) is fixed by API.md; the semantics by MODEL.md.
+ * This is the only public header: names, argument order and numeric
+ * values are fixed here; docs/model.md states the semantics.
  *
  * Thread safety: one instance may be used from several threads at once,
  * except that llmdd_finalize() and llmdd_destroy() must not race with other
@@ -306,8 +306,8 @@ LLMDD_API llmdd_status llmdd_listen_address(llmdd *dd, llmdd_ip_info *out);
 LLMDD_API size_t llmdd_data_type_size(llmdd_data_type dt);
 
 /*
- * Requests (0.2): posted transfers, notifications, layer streaming. The
- * semantics are MODEL.md's "Requests"; docs/model.md has the decisions.
+ * Requests (0.2): posted transfers, notifications, layer streaming; the
+ * semantics and decisions are in docs/model.md.
  *
  * A post runs every check of the synchronous call, in the same order, and
  * returns its status without posting anything when one fails. A posted
@@ -359,6 +359,33 @@ LLMDD_API llmdd_status llmdd_push_kv_blocks_async(
     llmdd *dd, const llmdd_cache *src_cache,
     const llmdd_cache_index *dst_cache_index, const uint64_t *src_blocks,
     const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+
+/*
+ * A batch slot into blocks (0.3; the reference's pull_blocks from a
+ * CacheKey, and PullKvBlocks with no source blocks): pulls slot
+ * src_cache_index->batch_index of a remote cache (one without blocks) into
+ * dst_blocks of the local block cache dst_cache. Per mapped tensor pair,
+ * chunk k of the slot, bytes [k*B, (k+1)*B) with B the destination's block
+ * stride, lands in block dst_blocks[k]; the last chunk may be short, and the
+ * rest of that block is left as it was. num_blocks must be
+ * ceil(source slot stride / B). Tensors map as for every pull (ext; NULL is
+ * the default). Checks, in the order of every transfer: own arguments
+ * (num_blocks 0, NULL lists or caches, ext shape, opts, our own cluster id:
+ * LLM_PARAM_INVALID); the local cache (LLM_KV_CACHE_NOT_EXIST), its block
+ * indices and range (LLM_PARAM_INVALID); the link (LLM_NOT_YET_LINK); the
+ * remote cache (LLM_KV_CACHE_NOT_EXIST), then its slot index, the block
+ * count and the range widths (LLM_PARAM_INVALID). A destination block
+ * named twice gets the later chunk. As every pull, on every transport.
+ */
+LLMDD_API llmdd_status llmdd_pull_kv_cache_to_blocks(
+    llmdd *dd, const llmdd_cache_index *src_cache_index,
+    const llmdd_cache *dst_cache, const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext);
+LLMDD_API llmdd_status llmdd_pull_kv_cache_to_blocks_async(
+    llmdd *dd, const llmdd_cache_index *src_cache_index,
+    const llmdd_cache *dst_cache, const uint64_t *dst_blocks, size_t num_blocks,
     const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
     llmdd_request **req_out);
 

@@ -10,7 +10,12 @@
 #include "core/copy.h"
 #include "core/internal.h"
 
-enum xfer_kind { KIND_CACHE, KIND_BLOCKS };
+/*
+ * KIND_CACHE: a slot (pull or push _kv_cache). KIND_BLOCKS: blocks (pull or
+ * push _kv_blocks). KIND_SLOT_BLOCKS: a remote slot into local blocks
+ * (llmdd_pull_kv_cache_to_blocks), a pull only.
+ */
+enum xfer_kind { KIND_CACHE, KIND_BLOCKS, KIND_SLOT_BLOCKS };
 
 typedef struct {
     enum xfer_kind kind;
@@ -24,7 +29,7 @@ typedef struct {
     /* KIND_CACHE */
     uint32_t local_batch;
     int64_t size;
-    /* KIND_BLOCKS */
+    /* KIND_BLOCKS; KIND_SLOT_BLOCKS (local_blocks and nblocks only) */
     const uint64_t *local_blocks;
     const uint64_t *remote_blocks;
     size_t nblocks;
@@ -56,6 +61,9 @@ check_args(llmdd *dd, const xfer_args *a)
         return LLM_PARAM_INVALID;
     if (a->kind == KIND_CACHE) {
         if (a->size == 0 || a->size < -1)
+            return LLM_PARAM_INVALID;
+    } else if (a->kind == KIND_SLOT_BLOCKS) {
+        if (a->nblocks == 0 || a->local_blocks == NULL)
             return LLM_PARAM_INVALID;
     } else {
         if (a->nblocks == 0 || a->local_blocks == NULL ||
@@ -135,6 +143,20 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
         uint64_t len = a->size > 0 ? (uint64_t)a->size : lc->stride;
         if (len > rc->stride)
             return LLM_PARAM_INVALID;
+    } else if (a->kind == KIND_SLOT_BLOCKS) {
+        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0])
+            return LLM_PARAM_INVALID;
+        /* Every chunk of the slot lands in a block, and every block takes
+         * a chunk: n = ceil(slot / block). */
+        uint64_t want =
+            rc->stride / lc->stride + (rc->stride % lc->stride != 0);
+        if (a->nblocks != want) {
+            log_error("pull_kv_cache_to_blocks: a %llu-byte slot needs %llu "
+                      "blocks of %llu bytes, %zu given",
+                      (unsigned long long)rc->stride, (unsigned long long)want,
+                      (unsigned long long)lc->stride, a->nblocks);
+            return LLM_PARAM_INVALID;
+        }
     } else {
         if (llmdd__blocks_check(a->remote_blocks, a->nblocks,
                                 (uint64_t)rc->desc.shape[0]) != LLM_SUCCESS)
@@ -154,6 +176,33 @@ xfer_op(const xfer_args *a)
     if (a->kind == KIND_CACHE)
         return a->write ? LLMDD__OP_PUSH : LLMDD__OP_PULL;
     return a->write ? LLMDD__OP_PUSH_BLOCKS : LLMDD__OP_PULL_BLOCKS;
+}
+
+/*
+ * A remote slot into local blocks: chunk k of the slot, [k*B, (k+1)*B) with
+ * B the local block stride, to block dst[k]; the last chunk may be short.
+ * Chunks whose blocks are consecutive are one run (the slot side always
+ * is). Indices are checked, so no offset overflows. runs holds n entries.
+ */
+static size_t
+slot_block_runs(uint64_t slot_off, uint64_t slot_len, const uint64_t *dst,
+                size_t n, uint64_t block, llmdd__run *runs)
+{
+    size_t nruns = 0;
+
+    for (size_t k = 0; k < n; k++) {
+        uint64_t off = k * block;
+        uint64_t len = slot_len - off < block ? slot_len - off : block;
+        llmdd__run *prev = nruns > 0 ? &runs[nruns - 1] : NULL;
+        if (prev != NULL && prev->len % block == 0 &&
+            prev->dst_off + prev->len == dst[k] * block) {
+            prev->len += len;
+            continue;
+        }
+        runs[nruns++] = (llmdd__run){
+            .src_off = slot_off + off, .dst_off = dst[k] * block, .len = len};
+    }
+    return nruns;
 }
 
 /* Builds the run list; *runs_out is malloc'd. */
@@ -179,6 +228,13 @@ plan_runs(const xfer_args *a, const llmdd__cache *lc,
     llmdd__run *r = malloc(a->nblocks * sizeof(*r));
     if (r == NULL)
         return LLM_OUT_OF_MEMORY;
+    if (a->kind == KIND_SLOT_BLOCKS) {
+        *runs_out = r;
+        *nruns_out = slot_block_runs(a->remote_index->batch_index * rc->stride,
+                                     rc->stride, a->local_blocks, a->nblocks,
+                                     lc->stride, r);
+        return LLM_SUCCESS;
+    }
     const uint64_t *src = a->write ? a->local_blocks : a->remote_blocks;
     const uint64_t *dst = a->write ? a->remote_blocks : a->local_blocks;
     size_t n = llmdd__block_runs(src, dst, a->nblocks, lc->stride, r);
@@ -420,6 +476,47 @@ llmdd_push_kv_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
 {
     return xfer_blocks(dd, true, dst_cache_index, src_cache, dst_blocks,
                        src_blocks, num_blocks, ext, true, opts, req_out);
+}
+
+/* A remote slot into local blocks; posted when post. */
+static llmdd_status
+xfer_slot_blocks(llmdd *dd, const llmdd_cache_index *remote,
+                 const llmdd_cache *local, const uint64_t *local_blocks,
+                 size_t n, const llmdd_kv_ext_param *ext, bool post,
+                 const llmdd_xfer_opts *opts, llmdd_request **req_out)
+{
+    xfer_args a = {.kind = KIND_SLOT_BLOCKS,
+                   .post = post,
+                   .opts = opts,
+                   .req_out = req_out,
+                   .remote_index = remote,
+                   .local_cache = local,
+                   .ext = ext,
+                   .local_blocks = local_blocks,
+                   .nblocks = n};
+    return remote_xfer(dd, &a);
+}
+
+llmdd_status
+llmdd_pull_kv_cache_to_blocks(llmdd *dd,
+                              const llmdd_cache_index *src_cache_index,
+                              const llmdd_cache *dst_cache,
+                              const uint64_t *dst_blocks, size_t num_blocks,
+                              const llmdd_kv_ext_param *ext)
+{
+    return xfer_slot_blocks(dd, src_cache_index, dst_cache, dst_blocks,
+                            num_blocks, ext, false, NULL, NULL);
+}
+
+llmdd_status
+llmdd_pull_kv_cache_to_blocks_async(
+    llmdd *dd, const llmdd_cache_index *src_cache_index,
+    const llmdd_cache *dst_cache, const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out)
+{
+    return xfer_slot_blocks(dd, src_cache_index, dst_cache, dst_blocks,
+                            num_blocks, ext, true, opts, req_out);
 }
 
 /* Local copies: both caches looked up, referenced for the copy. */

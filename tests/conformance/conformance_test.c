@@ -1,5 +1,5 @@
 /*
- * The transport conformance suite: every pull and push shape of MODEL.md
+ * The transport conformance suite: every pull and push shape of docs/model.md
  * against one transport, checked byte for byte against a model of every
  * cache on both sides, including the bytes that must not change.
  *
@@ -382,6 +382,135 @@ test_blocks_more_than_a_tensor(void **state)
         LLM_SUCCESS);
     model_blocks(&r_blocks, &m_blocks, 0, 0, NT, db, sb, NB + EXTRA);
     verify_all();
+}
+
+/* A remote cache of 2 uint8 tensors [blocks, stride] filled with seed. */
+static int64_t
+remote_blocks_cache(uint32_t blocks, uint32_t stride, uint32_t seed)
+{
+    char cmd[64], reply[64];
+
+    if (proc_mode) {
+        snprintf(cmd, sizeof(cmd), "alloc-blocks %u %u %u", blocks, stride,
+                 seed);
+        assert_int_equal(th_proc_cmd(&proc, cmd, reply, sizeof(reply)), 0);
+        return atoll(reply + 3);
+    }
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {blocks, stride}};
+    llmdd_cache c;
+    assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+    th_fill(&c, seed);
+    return c.cache_id;
+}
+
+/* Model of llmdd_pull_kv_cache_to_blocks: chunk k of the source slot lands
+ * in dst block db[k]; the last chunk may be short. */
+static void
+model_slot_blocks(shadow *dst, const shadow *src, uint32_t df, uint32_t sf,
+                  uint32_t count, uint64_t slot, const uint64_t *db, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint64_t off = k * dst->stride;
+        uint64_t len =
+            src->stride - off < dst->stride ? src->stride - off : dst->stride;
+        model_copy(dst, src, df, sf, count, db[k] * dst->stride,
+                   slot * src->stride + off, len);
+    }
+}
+
+/*
+ * A batch slot of a cache without blocks into blocks of a block cache (the
+ * reference's pull_blocks from a CacheKey): a 1024-byte slot into four
+ * 256-byte blocks, scattered, two of them contiguous.
+ */
+static void
+test_pull_slot_into_blocks(void **state)
+{
+    uint64_t db[] = {9, 3, 4, 60};
+    llmdd_cache_index idx = {PEER, ids.kv, 2};
+
+    (void)state;
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db, 4, NULL),
+        LLM_SUCCESS);
+    model_slot_blocks(&m_blocks, &r_kv, 0, 0, NT, 2, db, 4);
+    verify_all();
+
+    /* Posted, with layer ranges: layers 1..2 of the slot into 2..3. */
+    llmdd_kv_ext_param ext = {{1, 2}, {2, 3}, 2};
+    uint64_t db2[] = {20, 21, 22, 23};
+    llmdd_request *req = NULL;
+    idx.cache_id = ids.reg;
+    idx.batch_index = 3;
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks_async(
+                         dd, &idx, &l_blocks, db2, 4, &ext, NULL, &req),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    model_slot_blocks(&m_blocks, &r_reg, 4, 2, 4, 3, db2, 4);
+    verify_all();
+}
+
+/*
+ * A slot that is not a whole number of blocks: the last chunk is short and
+ * the rest of its block stays as it was. The source has 2 tensors, mapped
+ * onto tensors 6..7 of the destination by a layer range.
+ */
+static void
+test_pull_slot_into_blocks_short_tail(void **state)
+{
+    enum { SLOT = 600, SEED = 9 };
+    int64_t rid = remote_blocks_cache(3, SLOT, SEED);
+    uint64_t db[] = {33, 12, 13}; /* ceil(600 / 256) = 3 */
+    llmdd_cache_index idx = {PEER, rid, 1};
+    llmdd_kv_ext_param ext = {{-1, -1}, {3, 3}, 2};
+    shadow src;
+
+    (void)state;
+    src.desc = (llmdd_cache_desc){.num_tensors = 2,
+                                  .data_type = LLMDD_DT_UINT8,
+                                  .num_dims = 2,
+                                  .shape = {3, SLOT}};
+    src.size = 3 * SLOT;
+    src.stride = SLOT;
+    for (int t = 0; t < 2; t++) {
+        src.t[t] = malloc(src.size);
+        assert_non_null(src.t[t]);
+        th_fill_buf(src.t[t], src.size, SEED, (uint32_t)t);
+    }
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db, 3, &ext),
+        LLM_SUCCESS);
+    model_slot_blocks(&m_blocks, &src, 6, 0, 2, 1, db, 3);
+    verify_all();
+
+    /* The block count must be ceil(slot / block): 2 and 4 are refused,
+     * and so are a slot out of range and a block out of range. */
+    uint64_t db4[] = {0, 1, 2, 5}, out[] = {0, 64, 1};
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db, 2, &ext),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db4, 4, &ext),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, out, 3, &ext),
+        LLM_PARAM_INVALID);
+    idx.batch_index = 3;
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db, 3, &ext),
+        LLM_PARAM_INVALID);
+    /* Without ranges the tensor counts differ (2 and 8). */
+    idx.batch_index = 0;
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(dd, &idx, &l_blocks, db, 3, NULL),
+        LLM_PARAM_INVALID);
+    verify_all();
+    for (int t = 0; t < 2; t++)
+        free(src.t[t]);
 }
 
 static void
@@ -1046,6 +1175,8 @@ main(int argc, char **argv)
         cmocka_unit_test(test_pull_blocks_layer_range),
         cmocka_unit_test(test_pull_blocks_many_runs),
         cmocka_unit_test(test_blocks_more_than_a_tensor),
+        cmocka_unit_test(test_pull_slot_into_blocks),
+        cmocka_unit_test(test_pull_slot_into_blocks_short_tail),
         cmocka_unit_test(test_push_slot),
         cmocka_unit_test(test_push_layers_and_size),
         cmocka_unit_test(test_push_blocks),

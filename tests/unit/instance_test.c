@@ -798,6 +798,78 @@ test_status_order_pull(void **state)
     assert_false(all_zero(&t->d_kv));
 }
 
+/* The check order of llmdd_pull_kv_cache_to_blocks, one case a step. */
+static void
+test_status_order_slot_into_blocks(void **state)
+{
+    trio *t = *state;
+    llmdd_cache unknown = {.cache_id = 12345};
+    llmdd_cache_index nobody = {C_NOBODY, 777, 0};
+    llmdd_cache_index self = {C_DECODER, 1, 0};
+    llmdd_cache_index p_unknown = {C_PROMPT, 777, 9};
+    llmdd_cache_index p_kv = {C_PROMPT, t->p_kv.cache_id, 3};
+    llmdd_kv_ext_param bad_shape = {{-1, 5}, {-1, -1}, 2};
+    uint64_t b4[] = {0, 1, 2, 3}, b64[] = {0, 1, 64, 3};
+    llmdd_xfer_opts lw = {.flags = LLMDD_XFER_LAYERWISE};
+    llmdd_request *req = NULL;
+    llmdd_cache blk;
+    llmdd *d = t->d;
+
+    alloc_fill(d, th_desc_blocks(), &blk, 0);
+    /* Own arguments first. */
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &unknown, b4, 0, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &unknown, NULL, 4, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, NULL, b4, 4, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &self, &unknown, b4, 4, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &unknown, b4, 4, &bad_shape),
+        LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks_async(
+                         d, &nobody, &unknown, b4, 4, NULL, &lw, &req),
+                     LLM_PARAM_INVALID);
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks_async(
+                         d, &nobody, &unknown, b4, 4, NULL, NULL, NULL),
+                     LLM_PARAM_INVALID);
+    /* The local cache, its blocks, the link. */
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &unknown, b64, 4, NULL),
+        LLM_KV_CACHE_NOT_EXIST);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &blk, b64, 4, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &nobody, &blk, b4, 3, NULL),
+        LLM_NOT_YET_LINK);
+    /* The remote cache, then its slot and the block count. */
+    assert_int_equal(
+        llmdd_pull_kv_cache_to_blocks(d, &p_unknown, &blk, b4, 3, NULL),
+        LLM_KV_CACHE_NOT_EXIST);
+    p_kv.batch_index = 4;
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks(d, &p_kv, &blk, b4, 4, NULL),
+                     LLM_PARAM_INVALID);
+    p_kv.batch_index = 3;
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks(d, &p_kv, &blk, b4, 3, NULL),
+                     LLM_PARAM_INVALID);
+    assert_null(req);
+    assert_true(all_zero(&blk));
+    /* 1024-byte slots into 256-byte blocks: 4 blocks. */
+    assert_int_equal(llmdd_pull_kv_cache_to_blocks(d, &p_kv, &blk, b4, 4, NULL),
+                     LLM_SUCCESS);
+    for (uint32_t i = 0; i < 8; i++) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)blk.tensor_addrs[i];
+        for (uint64_t k = 0; k < 64 * 256; k++)
+            assert_int_equal(p[k], k < 1024 ? th_byte(1, i, 3 * 1024 + k) : 0);
+    }
+}
+
 static void
 test_status_order_push(void **state)
 {
@@ -950,6 +1022,8 @@ main(int argc, char **argv)
                                         trio_teardown),
         cmocka_unit_test_setup_teardown(test_status_order_pull, trio_setup,
                                         trio_teardown),
+        cmocka_unit_test_setup_teardown(test_status_order_slot_into_blocks,
+                                        trio_setup, trio_teardown),
         cmocka_unit_test_setup_teardown(test_status_order_push, trio_setup,
                                         trio_teardown),
         cmocka_unit_test(test_status_str),
