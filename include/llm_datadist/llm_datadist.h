@@ -7,8 +7,9 @@
  * reference does. The mapping and what differs are in docs/cpp.md; in short:
  *  - Statuses, data types and option names carry the reference's names and
  *    values (the LLM_* codes are llmdd's, see <llmdd/llmdd.h>).
- *  - Without device support, CachePlacement::kDevice is host memory (the
- *    library logs it once).
+ *  - Without device support, CachePlacement::kDevice is host memory (each
+ *    instance logs it once).
+ *  - A Cache passed to a transfer or a copy is known by its cache_id alone.
  *  - Options that only mean something on Ascend hardware (buffer pool,
  *    communication resources, transfer backend) are accepted and ignored
  *    with one log line.
@@ -253,16 +254,19 @@ to_c_desc(const CacheDesc &d, llmdd_cache_desc &out)
     return LLM_SUCCESS;
 }
 
-/* A view of a Cache for the C calls, which find the cache by its id. */
-inline Status
-to_c_cache(const Cache &c, llmdd_cache &out)
+/*
+ * A view of a Cache for the C calls, which find a local cache by its id
+ * alone: as the reference documents, a Cache that holds only the cache_id
+ * RegisterKvCache returned is enough, so nothing else is converted or
+ * checked here.
+ */
+inline llmdd_cache
+to_c_cache(const Cache &c)
 {
-    Status st = to_c_desc(c.cache_desc, out.desc);
+    llmdd_cache out;
+    std::memset(&out, 0, sizeof(out));
     out.cache_id = c.cache_id;
-    /* The library only reads through this pointer. */
-    out.tensor_addrs = const_cast<uint64_t *>(
-        reinterpret_cast<const uint64_t *>(c.tensor_addrs.data()));
-    return st;
+    return out;
 }
 
 inline llmdd_kv_ext_param
@@ -422,26 +426,31 @@ class LlmDataDist {
                        int64_t size = -1,
                        const KvCacheExtParam &ext_param = {})
     {
-        llmdd_cache dst;
-        if (detail::to_c_cache(dst_cache, dst) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+        llmdd_cache dst = detail::to_c_cache(dst_cache);
         llmdd_cache_index src = index(src_cache_index);
         llmdd_kv_ext_param ext = detail::to_c_ext(ext_param);
         return llmdd_pull_kv_cache(dd_, &src, &dst, batch_index, size, &ext);
     }
 
+    /*
+     * With src_blocks empty, the source is a cache without blocks: its slot
+     * src_cache_index.batch_index is cut into dst_cache's blocks, chunk k
+     * into dst_blocks[k] (llmdd_pull_kv_cache_to_blocks).
+     */
     Status PullKvBlocks(const CacheIndex &src_cache_index,
                         const Cache &dst_cache,
                         const std::vector<uint64_t> &src_blocks,
                         const std::vector<uint64_t> &dst_blocks,
                         const KvCacheExtParam &ext_param = {})
     {
-        llmdd_cache dst;
-        if (detail::to_c_cache(dst_cache, dst) != LLM_SUCCESS ||
-            src_blocks.size() != dst_blocks.size())
-            return LLM_PARAM_INVALID;
+        llmdd_cache dst = detail::to_c_cache(dst_cache);
         llmdd_cache_index src = index(src_cache_index);
         llmdd_kv_ext_param ext = detail::to_c_ext(ext_param);
+        if (src_blocks.empty())
+            return llmdd_pull_kv_cache_to_blocks(
+                dd_, &src, &dst, dst_blocks.data(), dst_blocks.size(), &ext);
+        if (src_blocks.size() != dst_blocks.size())
+            return LLM_PARAM_INVALID;
         return llmdd_pull_kv_blocks(dd_, &src, &dst, src_blocks.data(),
                                     dst_blocks.data(), src_blocks.size(),
                                     &ext);
@@ -452,9 +461,7 @@ class LlmDataDist {
                        uint32_t src_batch_index = 0U, int64_t size = -1,
                        const KvCacheExtParam &ext_param = {})
     {
-        llmdd_cache src;
-        if (detail::to_c_cache(src_cache, src) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+        llmdd_cache src = detail::to_c_cache(src_cache);
         llmdd_cache_index dst = index(dst_cache_index);
         llmdd_kv_ext_param ext = detail::to_c_ext(ext_param);
         return llmdd_push_kv_cache(dd_, &src, &dst, src_batch_index, size,
@@ -467,9 +474,8 @@ class LlmDataDist {
                         const std::vector<uint64_t> &dst_blocks,
                         const KvCacheExtParam &ext_param = {})
     {
-        llmdd_cache src;
-        if (detail::to_c_cache(src_cache, src) != LLM_SUCCESS ||
-            src_blocks.size() != dst_blocks.size())
+        llmdd_cache src = detail::to_c_cache(src_cache);
+        if (src_blocks.size() != dst_blocks.size())
             return LLM_PARAM_INVALID;
         llmdd_cache_index dst = index(dst_cache_index);
         llmdd_kv_ext_param ext = detail::to_c_ext(ext_param);
@@ -483,45 +489,36 @@ class LlmDataDist {
                        uint32_t dst_batch_index = 0U, uint64_t offset = 0U,
                        int64_t size = -1)
     {
-        llmdd_cache src, dst;
-        if (detail::to_c_cache(src_cache, src) != LLM_SUCCESS ||
-            detail::to_c_cache(dst_cache, dst) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+        llmdd_cache src = detail::to_c_cache(src_cache);
+        llmdd_cache dst = detail::to_c_cache(dst_cache);
         return llmdd_copy_kv_cache(dd_, &src, &dst, src_batch_index,
                                    dst_batch_index, offset, size);
     }
 
     /*
-     * Copies src_blocks into each list of dst_blocks_list in turn. Every
-     * list is checked against the source list and the destination's block
-     * count before the first byte moves.
+     * Copies src_blocks into each list of dst_blocks_list in turn, as one
+     * llmdd_copy_kv_blocks call over the lists laid end to end (the source
+     * list repeated), so that every list is checked (length, block range)
+     * before the first byte moves, and pairs still apply in order.
      */
     Status CopyKvBlocks(
         const Cache &src_cache, const Cache &dst_cache,
         const std::vector<uint64_t> &src_blocks,
         const std::vector<std::vector<uint64_t>> &dst_blocks_list)
     {
-        llmdd_cache src, dst;
-        if (detail::to_c_cache(src_cache, src) != LLM_SUCCESS ||
-            detail::to_c_cache(dst_cache, dst) != LLM_SUCCESS ||
-            dst_blocks_list.empty())
+        llmdd_cache src = detail::to_c_cache(src_cache);
+        llmdd_cache dst = detail::to_c_cache(dst_cache);
+        if (dst_blocks_list.empty())
             return LLM_PARAM_INVALID;
+        std::vector<uint64_t> all_src, all_dst;
         for (const auto &dst_blocks : dst_blocks_list) {
             if (dst_blocks.size() != src_blocks.size())
                 return LLM_PARAM_INVALID;
-            for (uint64_t b : dst_blocks)
-                if (b >= static_cast<uint64_t>(dst.desc.shape[0]))
-                    return LLM_PARAM_INVALID;
+            all_src.insert(all_src.end(), src_blocks.begin(), src_blocks.end());
+            all_dst.insert(all_dst.end(), dst_blocks.begin(), dst_blocks.end());
         }
-        for (const auto &dst_blocks : dst_blocks_list) {
-            Status st = llmdd_copy_kv_blocks(dd_, &src, &dst,
-                                             src_blocks.data(),
-                                             dst_blocks.data(),
-                                             src_blocks.size());
-            if (st != LLM_SUCCESS)
-                return st;
-        }
-        return LLM_SUCCESS;
+        return llmdd_copy_kv_blocks(dd_, &src, &dst, all_src.data(),
+                                    all_dst.data(), all_src.size());
     }
 
   private:

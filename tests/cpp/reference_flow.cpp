@@ -243,7 +243,7 @@ int Decoder(int in, int out, uint16_t port)
     src.batch_index = 0;
     CHECK(dd.PullKvCache(src, kv, 0, kStride + 1) == LLM_PARAM_INVALID);
     CHECK(dd.PullKvBlocks(bsrc, blocks, {0, 1}, {0}) == LLM_PARAM_INVALID);
-    CHECK(dd.PushKvCache(kv, src) == LLM_PARAM_INVALID); // a decoder pushes
+    CHECK(dd.PushKvCache(kv, missing) == LLM_KV_CACHE_NOT_EXIST); // any role
     CacheIndex stranger{77, kv_id, 0};
     CHECK(dd.PullKvCache(stranger, kv) == LLM_NOT_YET_LINK);
     // Local copies: slot 0 to slot 1, and blocks to two destinations.
