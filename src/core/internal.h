@@ -125,6 +125,11 @@ typedef struct llmdd__link {
     uint32_t tx_credits;        /* notifications the peer will still take */
     llmdd__link_wait *waits;    /* replies awaited */
     uint64_t wait_seq;
+    /* Crossed link calls (linking.c): when the link entered the table, and
+     * whether a link call of ours has returned it (a client link is its own
+     * call's; a server link is claimed by our first call that adopts it). */
+    int64_t published_ms;
+    bool claimed;
     uint64_t notified; /* the last cache_removed round that told it */
     struct llmdd__link *next;
 

@@ -241,8 +241,9 @@ linking_to(const llmdd *dd, uint64_t cluster)
  * dd->lock held. Whether the server side may take a link from `cluster`:
  * LLM_ALREADY_LINK when one exists; LLM_PROCESSING_LINK when we are linking
  * to it at the same time and our call wins (the lower cluster id's outgoing
- * link is the one both sides keep); LLM_CLUSTER_NUM_EXCEED_LIMIT when we
- * serve llm.MaxLinks links already.
+ * link is the one both sides keep: the peer's call then adopts it, see
+ * linking.c); LLM_CLUSTER_NUM_EXCEED_LIMIT when we serve llm.MaxLinks links
+ * already.
  */
 static llmdd_status
 link_admit(const llmdd *dd, uint64_t cluster)
@@ -273,6 +274,8 @@ llmdd__link_publish(llmdd *dd, llmdd__link *link)
                 st = LLM_ALREADY_LINK;
     }
     if (st == LLM_SUCCESS) {
+        link->published_ms = llmdd__now_ms();
+        link->claimed = link->client;
         link->next = dd->links;
         dd->links = link;
         pthread_cond_broadcast(&dd->cond); /* a crossed link call waits */

@@ -316,8 +316,11 @@ link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)
 
     pthread_mutex_lock(&dd->lock);
     while (dd->initialized && llmdd__now_ms() < deadline) {
-        for (llmdd__link *l = dd->links; l != NULL && !linked; l = l->next)
+        for (llmdd__link *l = dd->links; l != NULL && !linked; l = l->next) {
             linked = l->peer.cluster_id == cluster;
+            if (linked)
+                l->claimed = true; /* this call returns it */
+        }
         if (linked)
             break;
         llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
@@ -493,10 +496,16 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         free(token);
         return link_adopt(dd, rep.cluster_id, deadline);
     }
-    if (res.status != LLM_SUCCESS) {
+    if (res.status == LLM_ALREADY_LINK) {
+        /* Said by link_one, which may find the peer's crossing link. */
+        log_info("link to cluster %llu: the peer has a link with us",
+                 (unsigned long long)rep.cluster_id);
+    } else if (res.status != LLM_SUCCESS) {
         log_error("link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)rep.cluster_id,
                   llmdd_status_str(res.status));
+    }
+    if (res.status != LLM_SUCCESS) {
         st = res.status == LLM_ALREADY_LINK ||
                      res.status == LLM_CLUSTER_NUM_EXCEED_LIMIT
                  ? res.status

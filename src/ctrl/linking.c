@@ -10,25 +10,66 @@
 #include "ctrl/ctrl.h"
 
 /*
- * Runs one llmdd_link_clusters job: refuses a cluster we are linked to, and
- * meanwhile records the call, so that a peer linking to us at the same time
- * finds the crossing (core/link.c, link_admit) and exactly one link results.
+ * dd->lock held. The link to `cluster`, if any; *crossing tells whether it
+ * is one the peer's link call made (we are its server) that no call of ours
+ * has returned yet and that entered the table less than window_ms ago: the
+ * peer's half of two calls that crossed, which our call adopts.
+ */
+static llmdd__link *
+link_find(llmdd *dd, uint64_t cluster, int64_t window_ms, bool *crossing)
+{
+    for (llmdd__link *l = dd->links; l != NULL; l = l->next) {
+        if (l->peer.cluster_id != cluster)
+            continue;
+        *crossing = !l->client && !l->claimed &&
+                    llmdd__now_ms() - l->published_ms <= window_ms;
+        return l;
+    }
+    *crossing = false;
+    return NULL;
+}
+
+/*
+ * Runs one llmdd_link_clusters job. Two instances may link to each other at
+ * the same moment; both calls then return LLM_SUCCESS and keep one link
+ * (docs/model.md, crossed links):
+ *  - The server side of the lower cluster id refuses the higher id's
+ *    handshake with LLM_PROCESSING_LINK while its own call is in flight
+ *    (core/link.c, link_admit); the higher id's call then waits for the
+ *    lower id's link to reach its listener and adopts it (link_adopt).
+ *  - A call that finds, at its start or when the peer answers
+ *    LLM_ALREADY_LINK, a link the peer's call made to us within the call's
+ *    timeout and that no call of ours has returned yet, adopts that link:
+ *    the peer's call was faster, and both asked for the same link.
+ *  - Any other link to that cluster makes the call LLM_ALREADY_LINK.
+ * The call is recorded in dd->linking while it runs, for link_admit.
  */
 static llmdd_status
-link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
+link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
+         int32_t timeout_ms)
 {
     llmdd__linking me = {.cluster_id = ci->remote_cluster_id};
+    uint64_t cluster = ci->remote_cluster_id;
     llmdd_status st = LLM_SUCCESS;
+    bool crossing;
 
     pthread_mutex_lock(&dd->lock);
-    for (llmdd__link *l = dd->links; l != NULL; l = l->next)
-        if (l->peer.cluster_id == ci->remote_cluster_id)
-            st = LLM_ALREADY_LINK;
-    if (st == LLM_SUCCESS) {
+    llmdd__link *l = link_find(dd, cluster, timeout_ms, &crossing);
+    if (crossing)
+        l->claimed = true;
+    else if (l != NULL)
+        st = LLM_ALREADY_LINK;
+    else {
         me.next = dd->linking;
         dd->linking = &me;
     }
     pthread_mutex_unlock(&dd->lock);
+    if (crossing) {
+        log_info("linked with cluster %llu (its crossing link call was "
+                 "faster)",
+                 (unsigned long long)cluster);
+        return LLM_SUCCESS;
+    }
     if (st != LLM_SUCCESS)
         return st;
     st = llmdd__link_handshake(dd, ci, deadline);
@@ -39,7 +80,23 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
             break;
         }
     }
+    /* The peer had a link with us: the one its crossing call made while
+     * ours ran, or an older one (then the answer stands). */
+    if (st == LLM_ALREADY_LINK) {
+        l = link_find(dd, cluster, timeout_ms, &crossing);
+        if (crossing) {
+            l->claimed = true;
+            st = LLM_SUCCESS;
+        }
+    }
     pthread_mutex_unlock(&dd->lock);
+    if (crossing)
+        log_info("linked with cluster %llu (its crossing link call "
+                 "arrived first)",
+                 (unsigned long long)cluster);
+    else if (st == LLM_ALREADY_LINK)
+        log_error("link to cluster %llu: already linked",
+                  (unsigned long long)cluster);
     return st;
 }
 
@@ -47,6 +104,7 @@ struct link_job {
     llmdd *dd;
     const llmdd_cluster_info *ci;
     int64_t deadline;
+    int32_t timeout_ms;
     bool force;
     bool unlink;
     llmdd_status st;
@@ -136,7 +194,7 @@ link_job_main(void *arg)
     struct link_job *j = arg;
 
     j->st = j->unlink ? unlink_one(j->dd, j->ci, j->deadline, j->force)
-                      : link_one(j->dd, j->ci, j->deadline);
+                      : link_one(j->dd, j->ci, j->deadline, j->timeout_ms);
     if (!j->unlink)
         llmdd__metrics_link_attempt(j->dd, j->st);
     return NULL;
@@ -178,6 +236,7 @@ run_jobs(llmdd *dd, const llmdd_cluster_info *clusters, size_t n,
         jobs[i] = (struct link_job){.dd = dd,
                                     .ci = &clusters[i],
                                     .deadline = deadline,
+                                    .timeout_ms = timeout_ms,
                                     .force = force,
                                     .unlink = unlink};
         /* One cluster needs no thread; several go in parallel. */
