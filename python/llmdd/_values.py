@@ -1,0 +1,294 @@
+"""Values and argument checks of the binding: enums, CacheDesc, CacheIndex,
+ClusterInfo and the converters to the C structures (_ffi)."""
+
+import collections
+import ctypes
+import enum
+import math
+
+from . import _ffi
+from ._memory import U64_MAX
+from ._status import Status
+
+_WAIT = int(Status.LLM_WAIT_PROC_TIMEOUT)
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
+_U32_MAX = 2**32 - 1
+
+
+class Role(enum.IntEnum):
+    PROMPT = 1
+    DECODER = 2
+    MIX = 3
+
+
+class Placement(enum.IntEnum):
+    HOST = 0
+    DEVICE = 1
+
+
+class DataType(enum.IntEnum):
+    FLOAT = 0
+    FLOAT16 = 1
+    INT8 = 2
+    INT32 = 3
+    UINT8 = 4
+    INT16 = 6
+    UINT16 = 7
+    UINT32 = 8
+    INT64 = 9
+    UINT64 = 10
+    DOUBLE = 11
+    BOOL = 12
+    BF16 = 27
+    UNDEFINED = 28
+
+
+DTYPE_SIZE = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8,
+              11: 8, 12: 1, 27: 2}
+
+
+# ----------------------------------------------------------------- checks
+
+def _int(name, v, lo, hi):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
+    return v
+
+
+def _u64(name, v):
+    return _int(name, v, 0, U64_MAX)
+
+
+def _u32(name, v):
+    return _int(name, v, 0, _U32_MAX)
+
+
+def _timeout(name, v, allow_none=True):
+    if v is None and allow_none:
+        return -1
+    return _int(name, v, 0, _I32_MAX)
+
+
+def _bytes(name, v, lo, hi):
+    if isinstance(v, str):
+        v = v.encode()
+    if not isinstance(v, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name} must be bytes or str, got {type(v).__name__}")
+    v = bytes(v)
+    if not lo <= len(v) <= hi:
+        raise ValueError(f"{name}: {len(v)} bytes, expected {lo}..{hi}")
+    return v
+
+
+def _options(options):
+    """dict -> (array of llmdd_option, keepalive)."""
+    if options is None:
+        return None, 0, None
+    if not isinstance(options, dict):
+        raise TypeError("options must be a dict of str to str")
+    items = []
+    for k, v in options.items():
+        if not isinstance(k, str):
+            raise TypeError(f"option key {k!r} must be a str")
+        if isinstance(v, bool):
+            v = "1" if v else "0"
+        if not isinstance(v, (str, int)):
+            raise TypeError(f"option {k}: value must be a str or an int")
+        items.append((k.encode(), str(v).encode()))
+    arr = (_ffi.OptionC * max(1, len(items)))()
+    for i, (k, v) in enumerate(items):
+        arr[i].key, arr[i].value = k, v
+    return arr, len(items), items
+
+
+def _layer_range(name, r):
+    """A half-open Python range -> the C inclusive pair; None = all layers."""
+    if r is None:
+        return -1, -1
+    if not isinstance(r, range):
+        raise TypeError(f"{name} must be a range (half-open) or None")
+    if r.step != 1 or r.start < 0 or r.stop <= r.start or r.stop - 1 > _I32_MAX:
+        raise ValueError(f"{name}={r!r}: need step 1 and 0 <= start < stop")
+    return r.start, r.stop - 1
+
+
+def _ext(src_layers, dst_layers, tensor_num_per_layer):
+    e = _ffi.KvExtParamC()
+    e.src_layer_range.first, e.src_layer_range.second = _layer_range("src_layers", src_layers)
+    e.dst_layer_range.first, e.dst_layer_range.second = _layer_range("dst_layers", dst_layers)
+    # Checked by the library, and only where used (a range, a layer-wise push).
+    e.tensor_num_per_layer = _int("tensor_num_per_layer", tensor_num_per_layer, 0, _U32_MAX)
+    return e
+
+
+_U64_ARRAY = ctypes.c_uint64 * 1
+
+
+def _blocks(name, blocks):
+    # Fast path: a ctypes uint64 array or a numpy uint64 vector is passed as
+    # is (the library checks every index against the cache).
+    if isinstance(blocks, ctypes.Array) and blocks._type_ is ctypes.c_uint64:
+        if len(blocks) == 0:
+            raise ValueError(f"{name} is empty")
+        return blocks, len(blocks)
+    dt = getattr(blocks, "dtype", None)
+    if dt is not None and str(dt) == "uint64" and getattr(blocks, "ndim", 0) == 1:
+        m = memoryview(blocks)
+        if m.c_contiguous and m.nbytes:
+            arr = (ctypes.c_uint64 * len(blocks)).from_buffer(blocks) if not m.readonly \
+                else (ctypes.c_uint64 * len(blocks)).from_buffer_copy(m)
+            return arr, len(blocks)
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
+        raise TypeError(f"{name} must be a sequence of ints")
+    n = len(blocks)
+    if n == 0:
+        raise ValueError(f"{name} is empty")
+    arr = (ctypes.c_uint64 * n)()
+    for i, b in enumerate(blocks):
+        if hasattr(b, "__index__") and not isinstance(b, bool):
+            b = b.__index__()
+        arr[i] = _u64(f"{name}[{i}]", b)
+    return arr, n
+
+
+# ----------------------------------------------------------------- values
+
+class CacheDesc:
+    """A cache's description: num_tensors tensors of one shape and type.
+    shape[0] is the batch size (or number of blocks)."""
+
+    __slots__ = ("num_tensors", "shape", "data_type", "placement")
+
+    def __init__(self, num_tensors, shape, data_type=DataType.UINT8,
+                 placement=Placement.HOST):
+        _int("num_tensors", num_tensors, 1, _U32_MAX)
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= _ffi.MAX_DIMS:
+            raise TypeError(f"shape must be a tuple of 1..{_ffi.MAX_DIMS} ints")
+        for i, d in enumerate(shape):
+            _int(f"shape[{i}]", d, 1, _I64_MAX)
+        try:
+            data_type = DataType(data_type)
+        except ValueError:
+            raise ValueError(f"unknown data_type {data_type!r}") from None
+        try:
+            placement = Placement(placement)
+        except ValueError:
+            raise ValueError(f"unknown placement {placement!r}") from None
+        self.num_tensors = num_tensors
+        self.shape = tuple(shape)
+        self.data_type = data_type
+        self.placement = placement
+
+    @property
+    def tensor_size(self):
+        """Bytes in one tensor (prod(shape) * element size); None when the
+        data type has no size."""
+        es = DTYPE_SIZE.get(int(self.data_type))
+        return None if es is None else math.prod(self.shape) * es
+
+    @property
+    def stride(self):
+        ts = self.tensor_size
+        return None if ts is None else ts // self.shape[0]
+
+    def _c(self):
+        d = _ffi.CacheDescC()
+        d.placement = int(self.placement)
+        d.num_tensors = self.num_tensors
+        d.data_type = int(self.data_type)
+        d.num_dims = len(self.shape)
+        for i, s in enumerate(self.shape):
+            d.shape[i] = s
+        return d
+
+    def __repr__(self):
+        return (f"CacheDesc(num_tensors={self.num_tensors}, shape={self.shape}, "
+                f"data_type={self.data_type.name}, placement={self.placement.name})")
+
+
+CacheIndex = collections.namedtuple("CacheIndex", "cluster_id cache_id batch_index",
+                                    defaults=(0,))
+CacheIndex.__doc__ = "Names a remote cache's batch slot: (cluster_id, cache_id, batch_index=0)."
+
+
+def _index(v, name="src"):
+    if getattr(v, "_is_local_cache", False):     # an llmdd.Cache
+        raise TypeError(f"{name} must name a remote cache: CacheIndex(cluster_id, "
+                        "cache_id, batch_index)")
+    if not isinstance(v, tuple) or len(v) not in (2, 3):
+        raise TypeError(f"{name} must be a CacheIndex or (cluster_id, cache_id[, batch_index])")
+    ci = CacheIndex(*v)
+    c = _ffi.CacheIndexC()
+    c.cluster_id = _u64(f"{name}.cluster_id", ci.cluster_id)
+    c.cache_id = _int(f"{name}.cache_id", ci.cache_id, -2**63, _I64_MAX)
+    c.batch_index = _u32(f"{name}.batch_index", ci.batch_index)
+    return c
+
+
+class ClusterInfo:
+    """One peer to link: its cluster id and its address (host:port,
+    "[v6]:port" or a (host, port) pair)."""
+
+    def __init__(self, remote_cluster_id, remote_addr=None, local_addrs=(),
+                 remote_role_type=0):
+        self.remote_cluster_id = _u64("remote_cluster_id", remote_cluster_id)
+        self.remote_addrs = [] if remote_addr is None else [_addr(remote_addr)]
+        self.local_addrs = [_addr(a) for a in local_addrs]
+        self.remote_role_type = _int("remote_role_type", int(remote_role_type), -2**31, _I32_MAX)
+
+    def __repr__(self):
+        return f"ClusterInfo({self.remote_cluster_id}, {self.remote_addrs})"
+
+
+def _addr(a):
+    if isinstance(a, str):
+        host, sep, port = a.rpartition(":")
+        if not sep:
+            raise ValueError(f"address {a!r}: expected host:port")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            port = int(port)
+        except ValueError:
+            raise ValueError(f"address {a!r}: bad port") from None
+        a = (host, port)
+    if not isinstance(a, tuple) or len(a) != 2 or not isinstance(a[0], str):
+        raise TypeError("an address is 'host:port' or (host, port)")
+    host, port = a
+    _int("port", port, 0, 65535)
+    if not 0 < len(host.encode()) < _ffi.IP_LEN:
+        raise ValueError(f"address host {host!r}: 1..{_ffi.IP_LEN - 1} bytes")
+    return host, port
+
+
+def _ip_array(addrs):
+    if not addrs:
+        return None, 0
+    arr = (_ffi.IpInfoC * len(addrs))()
+    for i, (h, p) in enumerate(addrs):
+        arr[i].ip = h.encode()
+        arr[i].port = p
+    return arr, len(addrs)
+
+
+
+def _role(role):
+    try:
+        return Role(role)
+    except ValueError:
+        raise ValueError(f"role must be PROMPT, DECODER or MIX, got {role!r}") from None
+
+
+def _size(size):
+    _int("size", size, -1, _I64_MAX)
+    if size == 0:
+        raise ValueError("size must be -1 (whole slot) or > 0")
+    return size
+
+
+def _bad_cache(name):
+    raise TypeError(f"{name} must be a llmdd.Cache of this instance")
