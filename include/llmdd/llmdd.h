@@ -388,6 +388,26 @@ LLMDD_API llmdd_status llmdd_pull_kv_cache_to_blocks_async(
     const llmdd_cache *dst_cache, const uint64_t *dst_blocks, size_t num_blocks,
     const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
     llmdd_request **req_out);
+/*
+ * The mirror image (an addition of llmdd's): slot src_batch_index of the
+ * local cache src_cache (one without blocks) into dst_blocks of the remote
+ * block cache dst_cache_index names (its batch_index must be 0, as for
+ * llmdd_push_kv_blocks). B is the remote block stride, num_blocks must be
+ * ceil(local slot stride / B), and the checks are those of a push in the
+ * order above, with the local slot in place of the local blocks. Layer-wise
+ * (LLMDD_XFER_LAYERWISE) as every push.
+ */
+LLMDD_API llmdd_status llmdd_push_kv_cache_to_blocks(
+    llmdd *dd, const llmdd_cache *src_cache,
+    const llmdd_cache_index *dst_cache_index, uint32_t src_batch_index,
+    const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext);
+LLMDD_API llmdd_status llmdd_push_kv_cache_to_blocks_async(
+    llmdd *dd, const llmdd_cache *src_cache,
+    const llmdd_cache_index *dst_cache_index, uint32_t src_batch_index,
+    const uint64_t *dst_blocks, size_t num_blocks,
+    const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
 
 /* timeout_ms: 0 tests, -1 waits until done, > 0 waits up to that long. */
 LLMDD_API llmdd_status llmdd_request_wait(llmdd_request *req,

@@ -384,6 +384,17 @@ class Instance:
                 sb, db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
         return self._post(lib.llmdd_pull_kv_blocks_async, args, dst, notify)
 
+    def pull_cache_to_blocks_async(self, src, dst, dst_blocks, *, src_layers=None,
+                                   dst_layers=None, tensor_num_per_layer=2, notify=None):
+        """Posts a pull of the remote slot src (CacheIndex; a cache without
+        blocks) into blocks of the local block cache dst: chunk k of the
+        slot, one block's bytes, lands in dst_blocks[k]; the last may be
+        short. len(dst_blocks) must be ceil(slot / block)."""
+        db, n = _blocks("dst_blocks", dst_blocks)
+        args = (ctypes.byref(_index(src)), dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"),
+                db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        return self._post(lib.llmdd_pull_kv_cache_to_blocks_async, args, dst, notify)
+
     def push_cache_async(self, src, dst, src_batch_index=0, size=-1, *, src_layers=None,
                          dst_layers=None, tensor_num_per_layer=2, notify=None,
                          layerwise=False):
@@ -393,6 +404,19 @@ class Instance:
                 ctypes.byref(_index(dst, "dst")), _u32("src_batch_index", src_batch_index),
                 _size(size), ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
         return self._post(lib.llmdd_push_kv_cache_async, args, src, notify, layerwise)
+
+    def push_cache_to_blocks_async(self, src, dst, dst_blocks, src_batch_index=0, *,
+                                   src_layers=None, dst_layers=None, tensor_num_per_layer=2,
+                                   notify=None, layerwise=False):
+        """Posts a push of local slot src_batch_index of src (a cache without
+        blocks) into blocks of the remote block cache dst (CacheIndex,
+        batch_index 0): chunk k of the slot lands in dst_blocks[k]."""
+        db, n = _blocks("dst_blocks", dst_blocks)
+        args = (src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
+                ctypes.byref(_index(dst, "dst")), _u32("src_batch_index", src_batch_index),
+                db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        return self._post(lib.llmdd_push_kv_cache_to_blocks_async, args, src, notify,
+                          layerwise)
 
     def push_blocks_async(self, src, dst, src_blocks, dst_blocks, *, src_layers=None,
                           dst_layers=None, tensor_num_per_layer=2, notify=None,
@@ -415,12 +439,20 @@ class Instance:
         with self.pull_blocks_async(*a, **kw) as r:
             r.wait(timeout_ms)
 
+    def pull_cache_to_blocks(self, *a, timeout_ms=None, **kw):
+        with self.pull_cache_to_blocks_async(*a, **kw) as r:
+            r.wait(timeout_ms)
+
     def push_cache(self, *a, timeout_ms=None, **kw):
         with self.push_cache_async(*a, **kw) as r:
             r.wait(timeout_ms)
 
     def push_blocks(self, *a, timeout_ms=None, **kw):
         with self.push_blocks_async(*a, **kw) as r:
+            r.wait(timeout_ms)
+
+    def push_cache_to_blocks(self, *a, timeout_ms=None, **kw):
+        with self.push_cache_to_blocks_async(*a, **kw) as r:
             r.wait(timeout_ms)
 
     def copy_cache(self, src, dst, src_batch_index=0, dst_batch_index=0, offset=0, size=-1):

@@ -184,6 +184,14 @@ _proto("llmdd_push_kv_cache_async", status_t, _vp, _P(CacheC), _P(CacheIndexC),
        ctypes.c_uint32, ctypes.c_int64, _P(KvExtParamC), _P(XferOptsC), _req_pp)
 _proto("llmdd_push_kv_blocks_async", status_t, _vp, _P(CacheC), _P(CacheIndexC),
        _u64p, _u64p, ctypes.c_size_t, _P(KvExtParamC), _P(XferOptsC), _req_pp)
+_proto("llmdd_pull_kv_cache_to_blocks", status_t, _vp, _P(CacheIndexC), _P(CacheC),
+       _u64p, ctypes.c_size_t, _P(KvExtParamC))
+_proto("llmdd_pull_kv_cache_to_blocks_async", status_t, _vp, _P(CacheIndexC), _P(CacheC),
+       _u64p, ctypes.c_size_t, _P(KvExtParamC), _P(XferOptsC), _req_pp)
+_proto("llmdd_push_kv_cache_to_blocks", status_t, _vp, _P(CacheC), _P(CacheIndexC),
+       ctypes.c_uint32, _u64p, ctypes.c_size_t, _P(KvExtParamC))
+_proto("llmdd_push_kv_cache_to_blocks_async", status_t, _vp, _P(CacheC), _P(CacheIndexC),
+       ctypes.c_uint32, _u64p, ctypes.c_size_t, _P(KvExtParamC), _P(XferOptsC), _req_pp)
 _proto("llmdd_request_wait", status_t, _vp, ctypes.c_int32)
 _proto("llmdd_request_cancel", status_t, _vp)
 _proto("llmdd_request_layer_ready", status_t, _vp, ctypes.c_uint32)

@@ -12,8 +12,9 @@
 
 /*
  * KIND_CACHE: a slot (pull or push _kv_cache). KIND_BLOCKS: blocks (pull or
- * push _kv_blocks). KIND_SLOT_BLOCKS: a remote slot into local blocks
- * (llmdd_pull_kv_cache_to_blocks), a pull only.
+ * push _kv_blocks). KIND_SLOT_BLOCKS: a slot of a cache without blocks into
+ * blocks of a block cache (pull or push _kv_cache_to_blocks): the slot is
+ * the source's, the block list the destination's.
  */
 enum xfer_kind { KIND_CACHE, KIND_BLOCKS, KIND_SLOT_BLOCKS };
 
@@ -26,10 +27,10 @@ typedef struct {
     const llmdd_cache_index *remote_index;
     const llmdd_cache *local_cache;
     const llmdd_kv_ext_param *ext;
-    /* KIND_CACHE */
+    /* KIND_CACHE; a push's source slot in KIND_SLOT_BLOCKS */
     uint32_t local_batch;
     int64_t size;
-    /* KIND_BLOCKS; KIND_SLOT_BLOCKS (local_blocks and nblocks only) */
+    /* KIND_BLOCKS; KIND_SLOT_BLOCKS: the destination's list only */
     const uint64_t *local_blocks;
     const uint64_t *remote_blocks;
     size_t nblocks;
@@ -63,7 +64,10 @@ check_args(llmdd *dd, const xfer_args *a)
         if (a->size == 0 || a->size < -1)
             return LLM_PARAM_INVALID;
     } else if (a->kind == KIND_SLOT_BLOCKS) {
-        if (a->nblocks == 0 || a->local_blocks == NULL)
+        /* A push names the remote block cache with batch_index 0. */
+        if (a->nblocks == 0 ||
+            (a->write ? a->remote_blocks : a->local_blocks) == NULL ||
+            (a->write && a->remote_index->batch_index != 0))
             return LLM_PARAM_INVALID;
     } else {
         if (a->nblocks == 0 || a->local_blocks == NULL ||
@@ -102,7 +106,7 @@ check_args(llmdd *dd, const xfer_args *a)
 static llmdd_status
 check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
 {
-    if (a->kind == KIND_CACHE) {
+    if (a->kind == KIND_CACHE || (a->kind == KIND_SLOT_BLOCKS && a->write)) {
         if ((int64_t)a->local_batch >= c->desc.shape[0])
             return LLM_PARAM_INVALID;
         if (a->size > 0 && (uint64_t)a->size > c->stride)
@@ -144,17 +148,23 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
         if (len > rc->stride)
             return LLM_PARAM_INVALID;
     } else if (a->kind == KIND_SLOT_BLOCKS) {
-        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0])
+        if (a->write
+                ? llmdd__blocks_check(a->remote_blocks, a->nblocks,
+                                      (uint64_t)rc->desc.shape[0]) !=
+                      LLM_SUCCESS
+                : (int64_t)a->remote_index->batch_index >= rc->desc.shape[0])
             return LLM_PARAM_INVALID;
         /* Every chunk of the slot lands in a block, and every block takes
          * a chunk: n = ceil(slot / block). */
-        uint64_t want =
-            rc->stride / lc->stride + (rc->stride % lc->stride != 0);
+        uint64_t slot = a->write ? lc->stride : rc->stride;
+        uint64_t block = a->write ? rc->stride : lc->stride;
+        uint64_t want = slot / block + (slot % block != 0);
         if (a->nblocks != want) {
-            log_error("pull_kv_cache_to_blocks: a %llu-byte slot needs %llu "
+            log_error("%s_kv_cache_to_blocks: a %llu-byte slot needs %llu "
                       "blocks of %llu bytes, %zu given",
-                      (unsigned long long)rc->stride, (unsigned long long)want,
-                      (unsigned long long)lc->stride, a->nblocks);
+                      a->write ? "push" : "pull", (unsigned long long)slot,
+                      (unsigned long long)want, (unsigned long long)block,
+                      a->nblocks);
             return LLM_PARAM_INVALID;
         }
     } else {
@@ -228,6 +238,13 @@ plan_runs(const xfer_args *a, const llmdd__cache *lc,
     llmdd__run *r = malloc(a->nblocks * sizeof(*r));
     if (r == NULL)
         return LLM_OUT_OF_MEMORY;
+    if (a->kind == KIND_SLOT_BLOCKS && a->write) {
+        *runs_out = r;
+        *nruns_out =
+            slot_block_runs(a->local_batch * lc->stride, lc->stride,
+                            a->remote_blocks, a->nblocks, rc->stride, r);
+        return LLM_SUCCESS;
+    }
     if (a->kind == KIND_SLOT_BLOCKS) {
         *runs_out = r;
         *nruns_out = slot_block_runs(a->remote_index->batch_index * rc->stride,
@@ -478,21 +495,29 @@ llmdd_push_kv_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
                        src_blocks, num_blocks, ext, true, opts, req_out);
 }
 
-/* A remote slot into local blocks; posted when post. */
+/*
+ * A slot into blocks: a remote slot into local blocks (a pull), or local
+ * slot local_batch into remote blocks (a push); blocks are the
+ * destination's. Posted when post.
+ */
 static llmdd_status
-xfer_slot_blocks(llmdd *dd, const llmdd_cache_index *remote,
-                 const llmdd_cache *local, const uint64_t *local_blocks,
-                 size_t n, const llmdd_kv_ext_param *ext, bool post,
+xfer_slot_blocks(llmdd *dd, bool write, const llmdd_cache_index *remote,
+                 const llmdd_cache *local, uint32_t local_batch,
+                 const uint64_t *blocks, size_t n,
+                 const llmdd_kv_ext_param *ext, bool post,
                  const llmdd_xfer_opts *opts, llmdd_request **req_out)
 {
     xfer_args a = {.kind = KIND_SLOT_BLOCKS,
+                   .write = write,
                    .post = post,
                    .opts = opts,
                    .req_out = req_out,
                    .remote_index = remote,
                    .local_cache = local,
                    .ext = ext,
-                   .local_blocks = local_blocks,
+                   .local_batch = local_batch,
+                   .local_blocks = write ? NULL : blocks,
+                   .remote_blocks = write ? blocks : NULL,
                    .nblocks = n};
     return remote_xfer(dd, &a);
 }
@@ -504,8 +529,8 @@ llmdd_pull_kv_cache_to_blocks(llmdd *dd,
                               const uint64_t *dst_blocks, size_t num_blocks,
                               const llmdd_kv_ext_param *ext)
 {
-    return xfer_slot_blocks(dd, src_cache_index, dst_cache, dst_blocks,
-                            num_blocks, ext, false, NULL, NULL);
+    return xfer_slot_blocks(dd, false, src_cache_index, dst_cache, 0,
+                            dst_blocks, num_blocks, ext, false, NULL, NULL);
 }
 
 llmdd_status
@@ -515,8 +540,35 @@ llmdd_pull_kv_cache_to_blocks_async(
     const llmdd_kv_ext_param *ext, const llmdd_xfer_opts *opts,
     llmdd_request **req_out)
 {
-    return xfer_slot_blocks(dd, src_cache_index, dst_cache, dst_blocks,
-                            num_blocks, ext, true, opts, req_out);
+    return xfer_slot_blocks(dd, false, src_cache_index, dst_cache, 0,
+                            dst_blocks, num_blocks, ext, true, opts, req_out);
+}
+
+llmdd_status
+llmdd_push_kv_cache_to_blocks(llmdd *dd, const llmdd_cache *src_cache,
+                              const llmdd_cache_index *dst_cache_index,
+                              uint32_t src_batch_index,
+                              const uint64_t *dst_blocks, size_t num_blocks,
+                              const llmdd_kv_ext_param *ext)
+{
+    return xfer_slot_blocks(dd, true, dst_cache_index, src_cache,
+                            src_batch_index, dst_blocks, num_blocks, ext, false,
+                            NULL, NULL);
+}
+
+llmdd_status
+llmdd_push_kv_cache_to_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
+                                    const llmdd_cache_index *dst_cache_index,
+                                    uint32_t src_batch_index,
+                                    const uint64_t *dst_blocks,
+                                    size_t num_blocks,
+                                    const llmdd_kv_ext_param *ext,
+                                    const llmdd_xfer_opts *opts,
+                                    llmdd_request **req_out)
+{
+    return xfer_slot_blocks(dd, true, dst_cache_index, src_cache,
+                            src_batch_index, dst_blocks, num_blocks, ext, true,
+                            opts, req_out);
 }
 
 /* Local copies: both caches looked up, referenced for the copy. */

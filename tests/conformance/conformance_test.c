@@ -513,6 +513,55 @@ test_pull_slot_into_blocks_short_tail(void **state)
         free(src.t[t]);
 }
 
+/*
+ * The mirror image: a local slot into remote blocks, whole and then layer
+ * by layer (posted with LLMDD_XFER_LAYERWISE, layers marked in turn).
+ */
+static void
+test_push_slot_into_blocks(void **state)
+{
+    uint64_t db[] = {10, 50, 51, 2};
+    llmdd_cache_index idx = {PEER, ids.blocks, 0};
+
+    (void)state;
+    assert_int_equal(
+        llmdd_push_kv_cache_to_blocks(dd, &l_kv, &idx, 1, db, 4, NULL),
+        LLM_SUCCESS);
+    model_slot_blocks(&r_blocks, &m_kv, 0, 0, NT, 1, db, 4);
+    verify_all();
+
+    uint64_t db2[] = {30, 31, 32, 33};
+    llmdd_xfer_opts lw = {.flags = LLMDD_XFER_LAYERWISE};
+    llmdd_request *req = NULL;
+    assert_int_equal(llmdd_push_kv_cache_to_blocks_async(
+                         dd, &l_kv, &idx, 3, db2, 4, NULL, &lw, &req),
+                     LLM_SUCCESS);
+    for (uint32_t layer = 0; layer < NT / 2; layer++)
+        assert_int_equal(llmdd_request_layer_ready(req, layer), LLM_SUCCESS);
+    assert_int_equal(llmdd_request_wait(req, -1), LLM_SUCCESS);
+    llmdd_request_free(req);
+    model_slot_blocks(&r_blocks, &m_kv, 0, 0, NT, 3, db2, 4);
+    verify_all();
+
+    /* A block count that does not fit, a remote batch index other than 0,
+     * a remote block out of range: refused, nothing moves. */
+    assert_int_equal(
+        llmdd_push_kv_cache_to_blocks(dd, &l_kv, &idx, 1, db, 3, NULL),
+        LLM_PARAM_INVALID);
+    uint64_t out[] = {0, 1, 64, 3};
+    assert_int_equal(
+        llmdd_push_kv_cache_to_blocks(dd, &l_kv, &idx, 1, out, 4, NULL),
+        LLM_PARAM_INVALID);
+    assert_int_equal(
+        llmdd_push_kv_cache_to_blocks(dd, &l_kv, &idx, 4, db, 4, NULL),
+        LLM_PARAM_INVALID);
+    idx.batch_index = 1;
+    assert_int_equal(
+        llmdd_push_kv_cache_to_blocks(dd, &l_kv, &idx, 1, db, 4, NULL),
+        LLM_PARAM_INVALID);
+    verify_all();
+}
+
 static void
 test_push_slot(void **state)
 {
@@ -1177,6 +1226,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_blocks_more_than_a_tensor),
         cmocka_unit_test(test_pull_slot_into_blocks),
         cmocka_unit_test(test_pull_slot_into_blocks_short_tail),
+        cmocka_unit_test(test_push_slot_into_blocks),
         cmocka_unit_test(test_push_slot),
         cmocka_unit_test(test_push_layers_and_size),
         cmocka_unit_test(test_push_blocks),
