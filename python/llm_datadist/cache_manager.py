@@ -239,7 +239,10 @@ class CacheManager:
             idx, h, batch_index, size, src_layers=sr, dst_layers=dr, tensor_num_per_layer=tnpl))
 
     def pull_blocks(self, src_cache_key, dst_cache, src_blocks=(), dst_blocks=(), **kwargs):
-        """Pulls blocks src_blocks of the peer's blocks cache into dst_blocks."""
+        """Pulls blocks src_blocks of the peer's blocks cache (BlocksCacheKey)
+        into dst_blocks; with a CacheKey or CacheKeyByIdAndIndex (a slot of a
+        cache without blocks) and no src_blocks, cuts that slot into blocks:
+        chunk k lands in dst_blocks[k] (llmdd_pull_kv_cache_to_blocks)."""
         if not isinstance(src_cache_key, (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey)):
             raise TypeError("src_cache_key must be a BlocksCacheKey, CacheKey or "
                             "CacheKeyByIdAndIndex")
@@ -252,9 +255,15 @@ class CacheManager:
         _check_tnpl(tnpl)
         sr, dr = self._ranges(kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"))
         if not isinstance(src_cache_key, BlocksCacheKey):
-            raise LLMException("pulling a whole cache slot into blocks is not supported by "
-                               "llmdd: pull blocks from a blocks cache (BlocksCacheKey)",
-                               status_code=_NOT_ENABLED)
+            raise_if_false(len(src_blocks) == 0, "src_blocks should be empty when "
+                           "src_cache_key is not BlocksCacheKey.")
+            if isinstance(src_cache_key, CacheKey):
+                raise_if_false(src_cache_key.req_id != _INVALID_ID or
+                               src_cache_key.prefix_id != _INVALID_ID,
+                               "one of req id and prefix id should contain valid value")
+            self._by_key(src_cache_key, "[pull_blocks]", lambda idx: self._dd.pull_cache_to_blocks(
+                idx, h, dst_blocks, src_layers=sr, dst_layers=dr, tensor_num_per_layer=tnpl))
+            return
         raise_if_false(len(src_blocks) > 0, "src_blocks can not be empty.")
         raise_if_false(len(src_blocks) == len(dst_blocks),
                        "src_blocks and dst_blocks must have the same length.")
@@ -279,19 +288,26 @@ class CacheManager:
     def push_blocks(self, dst_cache_key, src_cache, src_blocks=(), dst_blocks=(),
                     src_layer_range=None, dst_layer_range=None,
                     tensor_num_per_layer=_NUM_TENSORS_PER_LAYER):
+        """Pushes blocks src_blocks of src_cache into dst_blocks of the peer's
+        blocks cache; with src_cache not a blocks cache and no src_blocks,
+        cuts its slot 0 into the peer's blocks (llmdd_push_kv_cache_to_blocks)."""
         if not isinstance(dst_cache_key, BlocksCacheKey):
             raise TypeError("dst_cache_key must be a BlocksCacheKey")
         h = self._handle(src_cache, "src_cache")
         _check_ints("src_blocks", src_blocks)
         _check_ints("dst_blocks", dst_blocks)
         raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
-        if len(src_blocks) == 0:
-            raise LLMException("pushing a whole cache slot into blocks is not supported by "
-                               "llmdd: push blocks of a blocks cache", status_code=_NOT_ENABLED)
-        raise_if_false(len(src_blocks) == len(dst_blocks),
-                       "src_blocks and dst_blocks must have the same length.")
         _check_tnpl(tensor_num_per_layer)
         sr, dr = self._ranges(src_layer_range, dst_layer_range)
+        if len(src_blocks) == 0:
+            raise_if_false(not src_cache.is_blocks_cache,
+                           "src_blocks can not be empty for a blocks cache.")
+            self._by_key(dst_cache_key, "[push_blocks]", lambda idx: self._dd.push_cache_to_blocks(
+                h, idx, dst_blocks, 0, src_layers=sr, dst_layers=dr,
+                tensor_num_per_layer=tensor_num_per_layer))
+            return
+        raise_if_false(len(src_blocks) == len(dst_blocks),
+                       "src_blocks and dst_blocks must have the same length.")
         self._by_key(dst_cache_key, "[push_blocks]", lambda idx: self._dd.push_blocks(
             h, idx, src_blocks, dst_blocks, src_layers=sr, dst_layers=dr,
             tensor_num_per_layer=tensor_num_per_layer))
@@ -350,12 +366,29 @@ class CacheManager:
         """Posts one LLMDD_XFER_LAYERWISE push per config, then, in one thread
         for the task, calls layer_synchronizer.synchronize_layer(i, timeout)
         for every source layer i in order and marks layer i ready on the
-        pushes that carry it. Returns a CacheTask."""
+        pushes that carry it. Returns a CacheTask.
+
+        To a BlocksCacheKey: from a blocks cache, blocks src_block_indices
+        to dst_block_indices, or with neither the whole cache, block b to
+        block b (cache to cache); from a cache without blocks, its slot
+        (src_batch_index) cut into dst_block_indices. To a
+        CacheKeyByIdAndIndex: a slot to a slot. The block size of the
+        destination is the peer cache's own; dst_block_memory_size is
+        accepted and not needed."""
         h = self._handle(src_cache, "src_cache")
         if not isinstance(layer_synchronizer, LayerSynchronizer):
             raise TypeError("layer_synchronizer must be a LayerSynchronizer")
         if not isinstance(transfer_configs, (list, tuple)) or not transfer_configs:
             raise TypeError("transfer_configs must be a non-empty list")
+        if dst_block_memory_size is not None:
+            if not isinstance(dst_block_memory_size, int) or \
+                    isinstance(dst_block_memory_size, bool):
+                raise TypeError("dst_block_memory_size must be an int")
+            raise_if_false(dst_block_memory_size >= 0, "dst_block_memory_size is invalid")
+        for name, v in (("src_block_indices", src_block_indices),
+                        ("dst_block_indices", dst_block_indices)):
+            if v is not None:
+                _check_ints(name, v)
         tnpl = _NUM_TENSORS_PER_LAYER
         nlayers = src_cache.cache_desc.num_tensors // tnpl
         raise_if_false(nlayers > 0, "src_cache has no whole layer")
@@ -370,26 +403,12 @@ class CacheManager:
             sr = cfg.src_layer_range or range(0, nlayers)
             dr = cfg.dst_layer_range or sr
             raise_if_false(len(sr) == len(dr), "src/dst layer ranges differ in size")
-            plans.append((cfg, sr, dr))
-        if any(isinstance(c.cache_key, BlocksCacheKey) for c, _, _ in plans):
-            raise_if_false(src_block_indices is not None and dst_block_indices is not None,
-                           "src_block_indices and dst_block_indices are required with "
-                           "BlocksCacheKey")
-            _check_ints("src_block_indices", src_block_indices)
-            _check_ints("dst_block_indices", dst_block_indices)
+            plans.append((cfg, sr, dr, self._poster(h, src_cache, cfg, sr, dr, tnpl,
+                                                    src_block_indices, dst_block_indices)))
         reqs = []
         try:
-            for cfg, sr, dr in plans:
-                key = cfg.cache_key
-                if isinstance(key, BlocksCacheKey):
-                    post = (lambda idx, sr=sr, dr=dr: self._dd.push_blocks_async(
-                        h, idx, src_block_indices, dst_block_indices, src_layers=sr,
-                        dst_layers=dr, tensor_num_per_layer=tnpl, layerwise=True))
-                else:
-                    post = (lambda idx, sr=sr, dr=dr, cfg=cfg: self._dd.push_cache_async(
-                        h, idx, cfg.src_batch_index, -1, src_layers=sr, dst_layers=dr,
-                        tensor_num_per_layer=tnpl, layerwise=True))
-                reqs.append((self._by_key(key, "[transfer_cache_async]", post), sr))
+            for cfg, sr, _, post in plans:
+                reqs.append((self._by_key(cfg.cache_key, "[transfer_cache_async]", post), sr))
         except BaseException:
             for r, _ in reqs:
                 r.close()
@@ -400,6 +419,32 @@ class CacheManager:
                              args=(layer_synchronizer, layers, reqs, state))
         t.start()
         return CacheTask([r for r, _ in reqs], t, state)
+
+    def _poster(self, h, src_cache, cfg, sr, dr, tnpl, src_blocks, dst_blocks):
+        """The layer-wise push one config asks for, as a function of the
+        resolved remote index; argument errors are raised here, before any
+        push is posted."""
+        kw = dict(src_layers=sr, dst_layers=dr, tensor_num_per_layer=tnpl, layerwise=True)
+        if not isinstance(cfg.cache_key, BlocksCacheKey):
+            raise_if_false(not src_cache.is_blocks_cache,
+                           "a blocks cache can not be transferred to a cache without blocks")
+            return lambda idx: self._dd.push_cache_async(h, idx, cfg.src_batch_index, -1, **kw)
+        if not src_cache.is_blocks_cache:
+            raise_if_false(src_blocks is None and dst_blocks is not None and len(dst_blocks) > 0,
+                           "dst_block_indices (and no src_block_indices) are required from a "
+                           "cache without blocks to a BlocksCacheKey")
+            return lambda idx: self._dd.push_cache_to_blocks_async(
+                h, idx, dst_blocks, cfg.src_batch_index, **kw)
+        if src_blocks is None and dst_blocks is None:
+            # Cache to cache: every block to the block of the same index.
+            every = list(range(src_cache.cache_desc.batch_size))
+            return lambda idx: self._dd.push_blocks_async(h, idx, every, every, **kw)
+        raise_if_false(src_blocks is not None and dst_blocks is not None,
+                       "src_block_indices and dst_block_indices go together")
+        raise_if_false(len(src_blocks) == len(dst_blocks) and len(src_blocks) > 0,
+                       "src_block_indices and dst_block_indices must have the same, "
+                       "non-zero length")
+        return lambda idx: self._dd.push_blocks_async(h, idx, src_blocks, dst_blocks, **kw)
 
     def _drive(self, sync, layers, reqs, state):
         ok = True

@@ -78,12 +78,6 @@ def test_link_failures_and_hccl_entry_points(dec, ref_peer):
     with pytest.raises(LLMException) as e:
         dec.link_clusters([dec.ci], timeout=0)
     assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
-    for call in (lambda: dec.link("c", {1: 0, 2: 1}, "{}"), lambda: dec.unlink(1),
-                 lambda: dec.query_register_mem_status(1)):
-        with pytest.raises(LLMException) as e:
-            call()
-        assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
-        assert "link_clusters" in str(e.value)
     with pytest.raises(LLMException) as e:
         dec.switch_role(LLMRole.PROMPT)          # links are alive
     assert e.value.status_code == LLMStatusCode.LLM_EXIST_LINK
@@ -107,9 +101,20 @@ def test_pull_blocks_and_cache(dec, ref_peer):
     with pytest.raises(LLMException) as e:
         cm.pull_blocks(BlocksCacheKey(1, 5), blocks, [0], [0])   # no such model key
     assert e.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    # A slot of a cache without blocks (CacheKey) cut into blocks: the
+    # peer's 256-byte int32 slot into four 64-byte blocks, every byte.
+    cm.pull_blocks(CacheKey(1, 100), blocks, [], [15, 12, 13, 7])
+    for t in range(4):
+        slot = pattern(30 + t, (4, 64), np.int32)[0].tobytes()
+        got = ts[t].numpy().tobytes()
+        for k, b in enumerate((15, 12, 13, 7)):
+            assert got[b * 64:(b + 1) * 64] == slot[k * 64:(k + 1) * 64]
     with pytest.raises(LLMException) as e:
-        cm.pull_blocks(CacheKey(1, 100), blocks, [], [0])
-    assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+        cm.pull_blocks(CacheKey(1, 100), blocks, [], [0])       # 4 blocks needed
+    assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    with pytest.raises(LLMException) as e:
+        cm.pull_blocks(CacheKey(1, 100), blocks, [1], [0])      # no source blocks
+    assert e.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
 
     arrs = [np.zeros((4, 64), np.int32) for _ in range(4)]
     cache = cm.register_cache(CacheDesc(4, [4, 64], DataType.DT_INT32), arrs)
