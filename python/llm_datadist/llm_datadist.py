@@ -4,14 +4,13 @@ import llmdd
 
 from .cache_manager import CacheManager
 from .configs import LLMClusterInfo, LLMRole
-from .llm_types import RegisterMemStatus
-from .status import LLMException, LLMStatusCode, code_2_status, raise_if_false, translate
+from .rank_table import RankTableLinks
+from .status import LLMStatusCode, code_2_status, raise_if_false, translate
 
 # Keys the Python layer consumes (the reference's modes); never sent to C.
 _PY_ONLY = {"llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
             "llm.MemoryUtilization", "llm.Role"}
 _RENAMED = {"llm.listenIpInfo": "llm.ListenIpInfo"}
-_NOT_ENABLED = LLMStatusCode.LLM_FEATURE_NOT_ENABLED
 
 
 def _c_options(options):
@@ -71,6 +70,7 @@ class LLMDataDist:
         self._cluster_id = cluster_id
         self._dd = None
         self._cache_manager = None
+        self._rank_links = RankTableLinks(self)
 
     @property
     def cluster_id(self):
@@ -96,6 +96,7 @@ class LLMDataDist:
     def finalize(self):
         if self._dd is None:
             return
+        self._rank_links.close()
         dd, self._dd = self._dd, None
         self._cache_manager = None
         dd.close()
@@ -144,20 +145,29 @@ class LLMDataDist:
             dd.set_role(r, _c_options(switch_options))
         self._role = role
 
-    # Entry points that only mean something with Huawei's collective library.
+    # The rank-table API (rank_table.py; docs/python.md).
     def link(self, comm_name, cluster_rank_info, rank_table):
-        raise LLMException("link(comm_name, cluster_rank_info, rank_table) needs HCCL "
-                           "communication domains, which llmdd has not: use "
-                           "link_clusters(clusters, timeout)", status_code=_NOT_ENABLED)
-
-    def unlink(self, comm_id):
-        raise LLMException("unlink(comm_id) needs HCCL communication domains: use "
-                           "unlink_clusters(clusters, timeout)", status_code=_NOT_ENABLED)
+        """Links this rank to the other ranks of cluster_rank_info, at the
+        addresses of rank_table; returns a comm id at once. Poll
+        query_register_mem_status(comm_id) until it is OK."""
+        dd = self._inited()
+        with translate("[link]"):
+            comm_id = self._rank_links.link(dd, comm_name, cluster_rank_info, rank_table)
+        self._cache_manager._forget_keys()
+        return comm_id
 
     def query_register_mem_status(self, comm_id):
-        raise LLMException("query_register_mem_status(comm_id) needs HCCL communication "
-                           "domains: links made by link_clusters are ready when it "
-                           "returns", status_code=_NOT_ENABLED)
+        """RegisterMemStatus.OK once every link of comm_id is made,
+        PREPARING before, FAILED past HCCL_CONNECT_TIMEOUT."""
+        self._inited()
+        return self._rank_links.status(comm_id)
+
+    def unlink(self, comm_id):
+        """Ends the links link(...) made for comm_id, telling the peers."""
+        dd = self._inited()
+        with translate("[unlink]"):
+            self._rank_links.unlink(dd, comm_id)
+        self._cache_manager._forget_keys()
 
     def check_link_status(self, remote_cluster_id):
         """A round trip to the peer on the link's control connection within
