@@ -590,6 +590,52 @@ test_unlink_by_id(void **state)
     assert_int_equal(st, LLM_NOT_YET_LINK);
 }
 
+/* The instance's live links, both directions (its metrics' gauge). */
+static unsigned
+links_of(llmdd *dd)
+{
+    static char text[65536];
+    unsigned n = 0;
+    const char *p = text;
+
+    llmdd_metrics_text(dd, text, sizeof(text));
+    while ((p = strstr(p, "llmdd_links{direction=")) != NULL) {
+        p = strchr(p, '}') + 1;
+        n += (unsigned)strtoul(p, NULL, 10);
+    }
+    return n;
+}
+
+/*
+ * A non-force unlink removes the link on both sides before it returns: the
+ * peer takes its side out of its table before it acknowledges, so at once
+ * it holds no link, may switch roles, and a new link call works.
+ */
+static void
+test_unlink_both_sides_at_once(void **state)
+{
+    trio *t = *state;
+    llmdd_cluster_info ci = {.remote_cluster_id = C_PROMPT};
+    llmdd_status ret;
+
+    assert_int_equal(
+        th_unlink(t->m, C_PROMPT, "127.0.0.1", t->port, false, 2000),
+        LLM_SUCCESS);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(links_of(t->p), 1); /* D's */
+        assert_int_equal(llmdd_unlink_clusters(t->d, &ci, 1, &ret, 2000, false),
+                         LLM_SUCCESS);
+        assert_int_equal(links_of(t->p), 0);
+        assert_int_equal(links_of(t->d), 0);
+        assert_int_equal(th_link(t->d, C_PROMPT, "127.0.0.1", t->port, 2000),
+                         LLM_SUCCESS);
+    }
+    assert_int_equal(llmdd_unlink_clusters(t->d, &ci, 1, &ret, 2000, false),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_set_role(t->p, LLMDD_ROLE_DECODER, NULL, 0),
+                     LLM_SUCCESS);
+}
+
 /* One uint8 tensor of 4 slots of 64 bytes. */
 static llmdd_cache_desc
 desc_one_tensor(void)
@@ -1016,6 +1062,8 @@ main(int argc, char **argv)
         cmocka_unit_test(test_set_role_listen),
         cmocka_unit_test_setup_teardown(test_unlink_by_id, trio_setup,
                                         trio_teardown),
+        cmocka_unit_test_setup_teardown(test_unlink_both_sides_at_once,
+                                        trio_setup, trio_teardown),
         cmocka_unit_test_setup_teardown(test_default_ext_one_tensor, trio_setup,
                                         trio_teardown),
         cmocka_unit_test_setup_teardown(test_roles_are_labels, trio_setup,
