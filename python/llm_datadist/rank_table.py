@@ -35,7 +35,7 @@ _BASE_PORT_DEFAULT = 60000
 _TIMEOUT_ENV = "HCCL_CONNECT_TIMEOUT"
 _TIMEOUT_DEFAULT_S = 120
 _ATTEMPT_MS = 1000            # one link_clusters call; finalize waits at most this
-_RETRY_FIRST_S, _RETRY_MAX_S = 0.01, 0.2
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.01, 0.5   # each refused attempt logs a line
 _LINKED = (int(llmdd.Status.LLM_SUCCESS), int(llmdd.Status.LLM_ALREADY_LINK))
 
 
