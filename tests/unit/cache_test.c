@@ -53,7 +53,7 @@ desc_u8(uint32_t num_tensors, int64_t batch, int64_t row)
     return d;
 }
 
-/* Every desc MODEL.md calls invalid, built from a valid one. */
+/* Every desc the cache rules call invalid, built from a valid one. */
 static size_t
 invalid_descs(llmdd_cache_desc *out)
 {

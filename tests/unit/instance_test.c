@@ -1012,7 +1012,7 @@ test_status_str(void **state)
     };
 
     (void)state;
-    /* The numbers are fixed by API.md. */
+    /* The numbers are fixed by the public header. */
     assert_int_equal(LLM_SUCCESS, 0);
     assert_int_equal(LLM_FAILED, 0xFFFFFFFFu);
     assert_int_equal(LLM_WAIT_PROC_TIMEOUT, 0x5010B001u);
