@@ -89,10 +89,8 @@ link_terms(llmdd__link *link, const llmdd__link_terms *peer,
 /* ---- The handshake, server side. ---- */
 
 static const llmdd_transport_ops *
-transport_pick(llmdd *dd, llmdd__link *link, const char *peer_forced)
+transport_pick(const char *mine, llmdd__link *link, const char *peer_forced)
 {
-    const char *mine = dd->opts.transport;
-
     if (strcmp(mine, "auto") == 0)
         mine = peer_forced;
     link->forced = strcmp(mine, "auto") != 0;
@@ -466,9 +464,14 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     if (link_terms(link, &rep.terms, &h.terms) != 0)
         goto err_link;
     link->bind_addr = from;
+    /* Not under dd->lock: the loop transport's reaches() takes the
+     * process-wide instance lock, which a loop pin holds while it takes a
+     * peer instance's lock (the other order). */
+    char mine[LLMDD_TRANSPORT_NAME_MAX];
     pthread_mutex_lock(&dd->lock);
-    link->ops = transport_pick(dd, link, rep.transport);
+    strcpy(mine, dd->opts.transport);
     pthread_mutex_unlock(&dd->lock);
+    link->ops = transport_pick(mine, link, rep.transport);
     if (link->ops == NULL)
         goto err_link;
 
