@@ -333,8 +333,6 @@ llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
                                    llmdd__cache **out);
 /* Creates dd->host_pool when configured; dd->lock held. */
 llmdd_status llmdd__pool_setup(llmdd *dd);
-/* Fills a remote-cache description of a live local cache. */
-
 /*
  * Creates an instance whose control plane is `plane` (llmdd_create, in
  * src/ctrl, passes its own).

@@ -1,5 +1,5 @@
 /*
- * Option values: parsers for every key of API.md, and one table of the keys
+ * Option values: parsers for every key llmdd.h documents, and one table of the keys
  * (options.c) that applies them, sets their defaults and documents them
  * (llmdd_option_info). Pure functions over their arguments (thread-safe);
  * each parser writes its output only on success.

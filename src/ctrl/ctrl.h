@@ -77,12 +77,17 @@ struct llmdd__handshake_arg {
 /* Runs the server side of a handshake; arg is malloc'd and freed here. */
 void *llmdd__handshake_main(void *arg);
 /*
- * The client side of the control handshake, up to a published link (or
- * the peer's own link, when its crossing link call wins).
+ * Where a link's connections leave from: the cluster's first
+ * local_ip_infos entry of the remote address's family, port 0 (AF_UNSPEC
+ * without entries); LLM_PARAM_INVALID for entries of no use.
  */
 llmdd_status llmdd__link_local_addr(const llmdd_cluster_info *ci,
                                     const llmdd__sockaddr *remote,
                                     llmdd__sockaddr *out);
+/*
+ * The client side of the control handshake, up to a published link (or
+ * the peer's own link, when its crossing link call wins).
+ */
 llmdd_status llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci,
                                    int64_t deadline);
 

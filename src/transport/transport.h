@@ -91,7 +91,7 @@ typedef struct llmdd_transport_ops {
      * before link_init, with link->peer (cluster id, pid, boot id, `local`)
      * and link->client set; it must not block for long.
      *
-     * Client side (ctrl.c transport_pick), which chooses. Under "auto" on
+     * Client side (ctrl/handshake.c, transport_pick), which chooses. Under "auto" on
      * both sides (link->forced false) every registered transport is asked
      * in preference order and the first that says yes is used, so the
      * answer is "this is the right transport for this peer", not only "it

@@ -1,5 +1,5 @@
 /*
- * llm.AuthToken between processes (MODEL.md "Links"): a peer_helper prompt
+ * llm.AuthToken between processes (docs/model.md, links): a peer_helper prompt
  * process with a token, this process the decoder.
  *
  * - Equal tokens link, and every slot of an allocated and a registered

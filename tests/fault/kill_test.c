@@ -1,5 +1,5 @@
 /*
- * Killed processes, as MODEL.md's "Bad input and faults" demands:
+ * Killed processes, as docs/model.md demands of faults:
  *
  * - the prompt is SIGKILLed at a random moment while we pull (or push) a
  *   32 MiB cache from (into) it, many times: every call returns within the

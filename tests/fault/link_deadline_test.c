@@ -2,7 +2,7 @@
  * A link whose data connection cannot be opened: a fake server in this
  * process answers the control handshake like a tcp peer and then holds
  * every data connection without a word. The link call must end at its
- * timeout with LLM_TIMEOUT (MODEL.md), not LLM_LINK_FAILED; a fake server
+ * timeout with LLM_TIMEOUT (docs/model.md, "Link timeouts"), not LLM_LINK_FAILED; a fake server
  * that refuses the data connection at once still gives LLM_LINK_FAILED.
  *
  *   link_deadline_test

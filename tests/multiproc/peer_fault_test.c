@@ -1,5 +1,5 @@
 /*
- * Peers that die or stop (MODEL.md "Bad input and faults"): a peer killed
+ * Peers that die or stop (docs/model.md, faults): a peer killed
  * while idle, killed in the middle of a 1 GiB pull, stopped (SIGSTOP) in the
  * middle of one, and a non-force unlink of a stopped peer. Each time the
  * decoder gets an error within its wait time, changes nothing it should not,

@@ -1,5 +1,5 @@
 /*
- * Local copies (MODEL.md "copy_kv_cache", "copy_kv_blocks"): every argument
+ * Local copies (llmdd.h and docs/model.md, "Transfers"): every argument
  * rule, and byte-exact checks against a model of every cache after every
  * call, so a copy that moves the wrong bytes, or a rejected call that moves
  * any, is caught.

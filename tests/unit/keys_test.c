@@ -1,5 +1,5 @@
 /*
- * Cache keys on one instance: the argument rules of MODEL.md ("Requests
+ * Cache keys on one instance: the argument rules of docs/model.md ("Requests
  * (0.2)", keys), the first binding staying, keys going with their cache, and
  * a table that grows past its first size. Lookups by a linked peer are in
  * the conformance suite.

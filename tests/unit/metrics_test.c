@@ -1,5 +1,5 @@
 /*
- * llmdd_metrics_text (API.md 0.2, docs/operations.md): after N pulls of B
+ * llmdd_metrics_text (llmdd.h, docs/operations.md): after N pulls of B
  * bytes between two in-process instances the counters say N and N * B, the
  * histogram counts N with cumulative, monotone buckets whose +Inf bucket is
  * the count; failures and copies land under their own labels; the gauges

@@ -1,8 +1,8 @@
 /*
  * Option values (src/core/options.c) and llmdd_initialize with them: every
  * parser on valid and invalid text, and the rule that a bad value is
- * LLM_PARAM_INVALID and leaves the instance uninitialized (API.md "Option
- * keys", MODEL.md "Instances").
+ * LLM_PARAM_INVALID and leaves the instance uninitialized
+ * (llmdd_option_info, docs/model.md).
  */
 #include <arpa/inet.h>
 #include <errno.h>

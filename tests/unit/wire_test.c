@@ -1,6 +1,6 @@
 /*
  * The wire protocol (src/base/wire.h): every encoder and decoder round
- * trips, and every decoder rejects what MODEL.md "Bad input and faults" says
+ * trips, and every decoder rejects what docs/model.md says of bad input
  * it must: bad frame headers, oversize payloads, every truncation of a valid
  * message, trailing bytes, bad names, bad counts and overflowing totals.
  * Encoders refuse buffers that are too small. The byte codec under them all
