@@ -37,9 +37,20 @@ class BuildPy(build_py):
             shutil.copy2(lib, os.path.join(dst, "libllmdd.so.0"))
 
 
+def _version():
+    """The library's version, from its header (one place for it)."""
+    parts = {}
+    with open(os.path.join(HERE, "..", "include", "llmdd", "llmdd.h")) as f:
+        for line in f:
+            for k in ("MAJOR", "MINOR", "PATCH"):
+                if line.startswith(f"#define LLMDD_VERSION_{k} "):
+                    parts[k] = line.split()[2]
+    return "{MAJOR}.{MINOR}.{PATCH}".format(**parts)
+
+
 setup(
     name="llmdd",
-    version="0.3.0",
+    version=_version(),
     description="Python bindings of llmdd (LLM KV-cache transfer) and the "
                 "llm_datadist API over it",
     packages=["llmdd", "llm_datadist"],

@@ -338,8 +338,9 @@ class LlmDataDist {
   public:
     LlmDataDist(uint64_t cluster_id, LlmRole role)
     {
-        if (llmdd_create(cluster_id, static_cast<llmdd_role>(role), &dd_) !=
-            LLM_SUCCESS)
+        create_status_ =
+            llmdd_create(cluster_id, static_cast<llmdd_role>(role), &dd_);
+        if (create_status_ != LLM_SUCCESS)
             dd_ = nullptr;
     }
     ~LlmDataDist() { llmdd_destroy(dd_); }
@@ -348,8 +349,9 @@ class LlmDataDist {
 
     Status Initialize(const std::map<AscendString, AscendString> &options)
     {
-        if (dd_ == nullptr)
-            return LLM_PARAM_INVALID; /* the role given was not valid */
+        if (dd_ == nullptr) /* why the constructor failed: a role outside
+                               1..3 (LLM_PARAM_INVALID), no memory, ... */
+            return create_status_;
         std::vector<llmdd_option> o = detail::to_c_options(options);
         return llmdd_initialize(dd_, o.data(), o.size());
     }
@@ -360,7 +362,7 @@ class LlmDataDist {
                    const std::map<AscendString, AscendString> &options = {})
     {
         if (dd_ == nullptr)
-            return LLM_PARAM_INVALID;
+            return create_status_;
         std::vector<llmdd_option> o = detail::to_c_options(options);
         return llmdd_set_role(dd_, static_cast<llmdd_role>(role), o.data(),
                               o.size());
@@ -547,6 +549,7 @@ class LlmDataDist {
     }
 
     llmdd *dd_ = nullptr;
+    Status create_status_ = LLM_SUCCESS; /* llmdd_create's, for later calls */
 };
 
 } // namespace llm_datadist

@@ -16,6 +16,7 @@ from ._core import (Role, Placement, DataType, CacheDesc, CacheIndex, ClusterInf
 from ._ffi import XFER_LAYERWISE, NOTIFY_MAX, KEY_MAX, MAX_DIMS
 
 globals().update({s.name: s for s in Status})   # llmdd.LLM_TIMEOUT, ...
+__version__ = _lib.llmdd_version().decode()     # the library's, not a copy
 
 __all__ = ["Status", "LlmddError", "RequestTimeout", "status_str", "Role", "Placement",
            "DataType", "CacheDesc", "CacheIndex", "ClusterInfo", "Cache", "Request",

@@ -173,6 +173,7 @@ _proto("llmdd_copy_kv_blocks", status_t, _vp, _P(CacheC), _P(CacheC),
        _u64p, _u64p, ctypes.c_size_t)
 _proto("llmdd_status_str", ctypes.c_char_p, status_t)
 _proto("llmdd_version", ctypes.c_char_p)
+_proto("llmdd_data_type_size", ctypes.c_size_t, ctypes.c_int)
 _proto("llmdd_transport_list", ctypes.c_char_p)
 _proto("llmdd_transport_info", ctypes.c_char_p, ctypes.c_char_p)
 

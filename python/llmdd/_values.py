@@ -44,8 +44,9 @@ class DataType(enum.IntEnum):
     UNDEFINED = 28
 
 
-DTYPE_SIZE = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8,
-              11: 8, 12: 1, 27: 2}
+# Bytes of one element of each type with a known size, from the library.
+DTYPE_SIZE = {int(t): _ffi.lib.llmdd_data_type_size(int(t)) for t in DataType
+              if _ffi.lib.llmdd_data_type_size(int(t)) > 0}
 
 
 # ----------------------------------------------------------------- checks

@@ -380,3 +380,15 @@ def test_unlink_by_cluster_id(peer):
             with pytest.raises(llmdd.LlmddError) as e:
                 d.pull_cache((peer.cluster_id, peer.ids["A"]), c)
             assert e.value.status == llmdd.LLM_NOT_YET_LINK
+
+
+def test_tables_come_from_the_library():
+    """Status names, element sizes and the version are the library's."""
+    from llmdd._ffi import lib
+    assert llmdd.__version__ == llmdd.version() == lib.llmdd_version().decode()
+    for s in llmdd.Status:
+        assert lib.llmdd_status_str(int(s)).decode() == s.name
+    assert len(llmdd.Status) == 30
+    for t in llmdd.DataType:
+        assert llmdd.DTYPE_SIZE.get(int(t), 0) == lib.llmdd_data_type_size(int(t))
+    assert llmdd.DTYPE_SIZE[int(llmdd.DataType.BF16)] == 2
