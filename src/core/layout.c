@@ -125,27 +125,6 @@ llmdd__spans_match(llmdd__tensor_span src, llmdd__tensor_span dst)
 }
 
 llmdd_status
-llmdd__map_tensors(const llmdd_kv_ext_param *ext, uint32_t src_num_tensors,
-                   uint32_t dst_num_tensors, llmdd__tensor_span *src_out,
-                   llmdd__tensor_span *dst_out)
-{
-    llmdd__tensor_span s, d;
-    llmdd_status st;
-
-    if (ext != NULL && (st = llmdd__ext_check_shape(ext)) != LLM_SUCCESS)
-        return st;
-    if ((st = llmdd__range_resolve(ext, true, src_num_tensors, &s)) !=
-            LLM_SUCCESS ||
-        (st = llmdd__range_resolve(ext, false, dst_num_tensors, &d)) !=
-            LLM_SUCCESS ||
-        (st = llmdd__spans_match(s, d)) != LLM_SUCCESS)
-        return st;
-    *src_out = s;
-    *dst_out = d;
-    return LLM_SUCCESS;
-}
-
-llmdd_status
 llmdd__blocks_check(const uint64_t *blocks, size_t n, uint64_t num_blocks)
 {
     if (blocks == NULL || n == 0)

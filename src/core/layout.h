@@ -49,13 +49,6 @@ llmdd_status llmdd__range_resolve(const llmdd_kv_ext_param *ext, bool is_src,
 llmdd_status llmdd__spans_match(llmdd__tensor_span src,
                                 llmdd__tensor_span dst);
 
-/* Resolves both sides and checks they pair up (local copies, tests). */
-llmdd_status llmdd__map_tensors(const llmdd_kv_ext_param *ext,
-                                uint32_t src_num_tensors,
-                                uint32_t dst_num_tensors,
-                                llmdd__tensor_span *src_out,
-                                llmdd__tensor_span *dst_out);
-
 /* Every block index < num_blocks; n >= 1. */
 llmdd_status llmdd__blocks_check(const uint64_t *blocks, size_t n,
                                  uint64_t num_blocks);

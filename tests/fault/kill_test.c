@@ -318,6 +318,12 @@ test_decoder_killed_during_pull(void **state)
         th_child_readline(&steady, line, sizeof(line), 10000 * FU_SLOW), 0);
     printf("kill_test: %d decoders killed; steady decoder: %s\n", iters, line);
     assert_non_null(strstr(line, " errors=0 mismatches=0 "));
+    /* It pulled all along, every pull whole: a decoder that pulled nothing
+     * would pass the line above too. */
+    unsigned long long pulls = 0, ok = 0;
+    assert_int_equal(sscanf(line, "DONE pulls=%llu ok=%llu", &pulls, &ok), 2);
+    assert_true(pulls >= (unsigned long long)iters);
+    assert_int_equal(ok, pulls);
     assert_int_equal(th_child_reap(&steady, 5000), 0);
     assert_int_equal(th_proc_cmd(&p, "ping", NULL, 0), 0);
     assert_int_equal(th_proc_stop(&p), 0);

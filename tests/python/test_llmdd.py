@@ -2,6 +2,7 @@
 
 import array
 import asyncio
+import re
 import select
 import time
 
@@ -170,7 +171,22 @@ def test_metrics_and_info(dd, peer):
     with dd.register_cache(dst) as c:
         dd.pull_cache((1, peer.ids["A"], 0), c, 0)
     text = dd.metrics_text()
-    assert "llmdd_" in text and "pull" in text
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    # The one pull, counted under the transport the link chose, and timed.
+    pulls = {k: v for k, v in series.items()
+             if re.fullmatch(r'llmdd_transfers_total\{side="caller",op="pull",'
+                             r'transport="(\w+)",status="LLM_SUCCESS"\}', k)}
+    assert list(pulls.values()) == [1]
+    tp = re.search(r'transport="(\w+)"', next(iter(pulls))).group(1)
+    assert series[f'llmdd_transfer_duration_seconds_count{{op="pull",transport="{tp}"}}'] == 1
+    assert series[f'llmdd_transfer_duration_seconds_sum{{op="pull",transport="{tp}"}}'] > 0
+    assert series['llmdd_links{direction="out"}'] == 1
+    assert series['llmdd_instance_info{cluster_id="2",role="mix",version="%s"}'
+                  % llmdd.version()] == 1
     assert llmdd.version() and "tcp" in llmdd.transport_list()
     assert llmdd.status_str(0x5010B01A) == "LLM_TIMEOUT"
 

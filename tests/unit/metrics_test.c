@@ -8,6 +8,8 @@
  * parser always, and by `promtool check metrics` too where promtool exists.
  */
 #include <ctype.h>
+#include <poll.h>
+#include <time.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,10 +217,15 @@ test_counts_match_calls(void **state)
                     (uint64_t)p->dst.desc.shape[0] * p->dst.desc.num_tensors;
     char s[256];
 
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < NPULLS; i++)
         assert_int_equal(
             llmdd_pull_kv_cache(p->decoder, &idx, &p->dst, 2, -1, NULL),
             LLM_SUCCESS);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double wall = (double)(t1.tv_sec - t0.tv_sec) +
+                  (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     llmdd_cache_index none = idx;
     none.cache_id = 999;
     assert_int_equal(
@@ -273,6 +280,15 @@ test_counts_match_calls(void **state)
              "le=\"+Inf\"}",
              h);
     assert_int_equal(value_of(t, s), NPULLS);
+    /* The durations are the calls' own: their sum is positive and no more
+     * than the time the loop of calls took (a histogram of zeros, or of
+     * anything but these calls, fails here). */
+    snprintf(s, sizeof(s), "%s_sum{op=\"pull\",transport=\"loop\"} ", h);
+    const char *sum = strstr(t, s);
+    assert_non_null(sum);
+    double secs = strtod(sum + strlen(s), NULL);
+    assert_true(secs > 0);
+    assert_true(secs <= wall);
 
     /* Gauges and link counters. */
     assert_int_equal(value_of(t, "llmdd_links{direction=\"out\"}"), 1);
@@ -287,6 +303,7 @@ test_counts_match_calls(void **state)
     assert_int_equal(value_of(t, "llmdd_transfers_in_flight"), 0);
     assert_int_equal(value_of(t, "llmdd_notifications_sent_total"), 0);
     assert_int_equal(value_of(t, "llmdd_notifications_received_total"), 0);
+    assert_int_equal(value_of(t, "llmdd_heartbeat_drops_total"), 0);
     snprintf(s, sizeof(s),
              "llmdd_instance_info{cluster_id=\"%d\",role=\"mix\","
              "version=\"%s\"}",
@@ -342,12 +359,42 @@ test_snprintf_contract(void **state)
     assert_int_equal(small[0], '\0');
 }
 
+/* Notifications are counted where they are sent and where they arrive. */
+static void
+test_notifications_counted(void **state)
+{
+    pair *p = *state;
+    llmdd_notify got[8];
+    size_t n, total = 0;
+
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(llmdd_send_notify(p->decoder, PROMPT, "n", 1),
+                         LLM_SUCCESS);
+    while (total < 3) {
+        struct pollfd pfd = {.fd = llmdd_notify_fd(p->prompt),
+                             .events = POLLIN};
+        assert_int_equal(poll(&pfd, 1, 5000), 1);
+        assert_int_equal(llmdd_get_notifies(p->prompt, got, 8, &n),
+                         LLM_SUCCESS);
+        total += n;
+    }
+    char *t = text_of(p->decoder);
+    assert_int_equal(value_of(t, "llmdd_notifications_sent_total"), 3);
+    assert_int_equal(value_of(t, "llmdd_notifications_received_total"), 0);
+    free(t);
+    t = text_of(p->prompt);
+    assert_int_equal(value_of(t, "llmdd_notifications_received_total"), 3);
+    assert_int_equal(value_of(t, "llmdd_notifications_sent_total"), 0);
+    free(t);
+}
+
 int
 main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts_match_calls),
         cmocka_unit_test(test_snprintf_contract),
+        cmocka_unit_test(test_notifications_counted),
     };
 
     th_test_filter(argc, argv);
