@@ -1,8 +1,9 @@
 /*
- * Transfers: pull and push (planned here, moved by the link's transport)
- * and local copies. Every check runs before any byte moves, in the order
- * docs/model.md gives, so the first failing check decides the status. An
- * instance's role is a label: any role pulls and pushes.
+ * Transfers: pull and push, planned here and moved by the link's transport
+ * (local copies are local_copy.c). Every check runs before any byte moves,
+ * in the order docs/model.md gives, so the first failing check decides the
+ * status, and each refusal logs its cause. An instance's role is a label:
+ * any role pulls and pushes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -106,13 +107,26 @@ check_args(llmdd *dd, const xfer_args *a)
 static llmdd_status
 check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
 {
+    const char *what = a->write ? "push" : "pull";
+
     if (a->kind == KIND_CACHE || (a->kind == KIND_SLOT_BLOCKS && a->write)) {
-        if ((int64_t)a->local_batch >= c->desc.shape[0])
+        if ((int64_t)a->local_batch >= c->desc.shape[0]) {
+            log_error("%s: slot %u is past local cache %lld's %lld", what,
+                      a->local_batch, (long long)c->id,
+                      (long long)c->desc.shape[0]);
             return LLM_PARAM_INVALID;
-        if (a->size > 0 && (uint64_t)a->size > c->stride)
+        }
+        if (a->size > 0 && (uint64_t)a->size > c->stride) {
+            log_error("%s: size %lld is more than local cache %lld's slot "
+                      "(%llu bytes)",
+                      what, (long long)a->size, (long long)c->id,
+                      (unsigned long long)c->stride);
             return LLM_PARAM_INVALID;
+        }
     } else if (llmdd__blocks_check(a->local_blocks, a->nblocks,
                                    (uint64_t)c->desc.shape[0]) != LLM_SUCCESS) {
+        log_error("%s: a block index is past local cache %lld's %lld blocks",
+                  what, (long long)c->id, (long long)c->desc.shape[0]);
         return LLM_PARAM_INVALID;
     }
     llmdd_status st =
@@ -139,14 +153,27 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
              const llmdd__remote_cache *rc, llmdd__tensor_span lspan,
              llmdd__tensor_span *rspan)
 {
+    const char *what = a->write ? "push" : "pull";
     llmdd_status st;
 
     if (a->kind == KIND_CACHE) {
-        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0])
+        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0]) {
+            log_error("%s: slot %u is past cache %lld of cluster %llu (%lld "
+                      "slots)",
+                      what, a->remote_index->batch_index, (long long)rc->id,
+                      (unsigned long long)a->remote_index->cluster_id,
+                      (long long)rc->desc.shape[0]);
             return LLM_PARAM_INVALID;
+        }
         uint64_t len = a->size > 0 ? (uint64_t)a->size : lc->stride;
-        if (len > rc->stride)
+        if (len > rc->stride) {
+            log_error("%s: %llu bytes a slot, more than cache %lld of cluster "
+                      "%llu holds in one (%llu)",
+                      what, (unsigned long long)len, (long long)rc->id,
+                      (unsigned long long)a->remote_index->cluster_id,
+                      (unsigned long long)rc->stride);
             return LLM_PARAM_INVALID;
+        }
     } else if (a->kind == KIND_SLOT_BLOCKS) {
         if (a->write
                 ? llmdd__blocks_check(a->remote_blocks, a->nblocks,
@@ -169,15 +196,42 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
         }
     } else {
         if (llmdd__blocks_check(a->remote_blocks, a->nblocks,
-                                (uint64_t)rc->desc.shape[0]) != LLM_SUCCESS)
+                                (uint64_t)rc->desc.shape[0]) != LLM_SUCCESS) {
+            log_error("%s: a block index is past cache %lld of cluster %llu "
+                      "(%lld blocks)",
+                      what, (long long)rc->id,
+                      (unsigned long long)a->remote_index->cluster_id,
+                      (long long)rc->desc.shape[0]);
             return LLM_PARAM_INVALID;
-        if (rc->stride != lc->stride)
+        }
+        if (rc->stride != lc->stride) {
+            log_error("%s: blocks of %llu bytes here, %llu in cache %lld of "
+                      "cluster %llu: they must be equal",
+                      what, (unsigned long long)lc->stride,
+                      (unsigned long long)rc->stride, (long long)rc->id,
+                      (unsigned long long)a->remote_index->cluster_id);
             return LLM_PARAM_INVALID;
+        }
     }
     st = llmdd__range_resolve(a->ext, !a->write, rc->desc.num_tensors, rspan);
-    if (st != LLM_SUCCESS)
+    if (st != LLM_SUCCESS) {
+        log_error("%s: the layer range does not fit cache %lld of cluster "
+                  "%llu (%u tensors)",
+                  what, (long long)rc->id,
+                  (unsigned long long)a->remote_index->cluster_id,
+                  rc->desc.num_tensors);
         return st;
-    return llmdd__spans_match(lspan, *rspan);
+    }
+    if (llmdd__spans_match(lspan, *rspan) != LLM_SUCCESS) {
+        /* The usual cause: one range given, the other left whole. */
+        log_error("%s: the layer ranges select %u tensors here and %u in "
+                  "cache %lld of cluster %llu; give both ranges, of equal "
+                  "width",
+                  what, lspan.count, rspan->count, (long long)rc->id,
+                  (unsigned long long)a->remote_index->cluster_id);
+        return LLM_PARAM_INVALID;
+    }
+    return LLM_SUCCESS;
 }
 
 static enum llmdd__metrics_op
@@ -569,165 +623,4 @@ llmdd_push_kv_cache_to_blocks_async(llmdd *dd, const llmdd_cache *src_cache,
     return xfer_slot_blocks(dd, true, dst_cache_index, src_cache,
                             src_batch_index, dst_blocks, num_blocks, ext, true,
                             opts, req_out);
-}
-
-/* Local copies: both caches looked up, referenced for the copy. */
-static llmdd_status
-copy_get(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-         llmdd__cache **s, llmdd__cache **d)
-{
-    *s = llmdd__cache_get(dd, src->cache_id);
-    *d = llmdd__cache_get(dd, dst->cache_id);
-    if (*s == NULL || *d == NULL) {
-        llmdd__cache_put(dd, *s);
-        llmdd__cache_put(dd, *d);
-        return LLM_KV_CACHE_NOT_EXIST;
-    }
-    if ((*s)->desc.num_tensors != (*d)->desc.num_tensors) {
-        llmdd__cache_put(dd, *s);
-        llmdd__cache_put(dd, *d);
-        return LLM_PARAM_INVALID;
-    }
-    return LLM_SUCCESS;
-}
-
-/* Every run of every tensor is one batch of the copy engine (copy.h). */
-static void
-copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
-          size_t nruns)
-{
-    llmdd__copy_batch b;
-    uint64_t total = 0;
-
-    for (size_t i = 0; i < nruns; i++)
-        total += runs[i].len;
-    llmdd__copy_begin(&b, total * s->desc.num_tensors,
-                      d->tensor_size * d->desc.num_tensors);
-    for (uint32_t t = 0; t < s->desc.num_tensors; t++) {
-        uint8_t *sb = (uint8_t *)(uintptr_t)s->addrs[t];
-        uint8_t *db = (uint8_t *)(uintptr_t)d->addrs[t];
-        for (size_t i = 0; i < nruns; i++)
-            llmdd__copy(&b, db + runs[i].dst_off, sb + runs[i].src_off,
-                        runs[i].len);
-    }
-    llmdd__copy_end(&b);
-}
-
-static llmdd_status
-copy_cache_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-               uint32_t src_batch_index, uint32_t dst_batch_index,
-               uint64_t offset, int64_t size, uint64_t *bytes_out)
-{
-    llmdd__cache *s, *d;
-    llmdd_status st;
-
-    if ((st = instance_ready(dd)) != LLM_SUCCESS)
-        return st;
-    if (src == NULL || dst == NULL || size == 0 || size < -1)
-        return LLM_PARAM_INVALID;
-    if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
-        return st;
-    st = LLM_PARAM_INVALID;
-    if ((int64_t)src_batch_index >= s->desc.shape[0] ||
-        (int64_t)dst_batch_index >= d->desc.shape[0] || offset >= s->stride ||
-        offset >= d->stride)
-        goto out;
-    uint64_t len = size > 0 ? (uint64_t)size : s->stride - offset;
-    if (len > s->stride - offset || len > d->stride - offset)
-        goto out;
-    llmdd__run run = {.src_off = src_batch_index * s->stride + offset,
-                      .dst_off = dst_batch_index * d->stride + offset,
-                      .len = len};
-    copy_runs(s, d, &run, 1);
-    *bytes_out = len * s->desc.num_tensors;
-    st = LLM_SUCCESS;
-out:
-    llmdd__cache_put(dd, s);
-    llmdd__cache_put(dd, d);
-    return st;
-}
-
-static llmdd_status
-copy_blocks_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-                const uint64_t *src_blocks, const uint64_t *dst_blocks,
-                size_t num_blocks, uint64_t *bytes_out)
-{
-    llmdd__cache *s, *d;
-    llmdd__run *runs;
-    llmdd_status st;
-
-    if ((st = instance_ready(dd)) != LLM_SUCCESS)
-        return st;
-    if (src == NULL || dst == NULL || src_blocks == NULL ||
-        dst_blocks == NULL || num_blocks == 0)
-        return LLM_PARAM_INVALID;
-    if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
-        return st;
-    st = LLM_PARAM_INVALID;
-    if (s->stride != d->stride ||
-        llmdd__blocks_check(src_blocks, num_blocks,
-                            (uint64_t)s->desc.shape[0]) != LLM_SUCCESS ||
-        llmdd__blocks_check(dst_blocks, num_blocks,
-                            (uint64_t)d->desc.shape[0]) != LLM_SUCCESS)
-        goto out;
-    runs = malloc(num_blocks * sizeof(*runs));
-    if (runs == NULL) {
-        st = LLM_OUT_OF_MEMORY;
-        goto out;
-    }
-    size_t n;
-    if (s == d) {
-        /* Within one cache a merged run could overlap its own destination
-         * differently from block-by-block order: keep pairs separate. */
-        for (n = 0; n < num_blocks; n++)
-            runs[n] = (llmdd__run){.src_off = src_blocks[n] * s->stride,
-                                   .dst_off = dst_blocks[n] * s->stride,
-                                   .len = s->stride};
-    } else {
-        n = llmdd__block_runs(src_blocks, dst_blocks, num_blocks, s->stride,
-                              runs);
-    }
-    copy_runs(s, d, runs, n);
-    free(runs);
-    *bytes_out = num_blocks * s->stride * s->desc.num_tensors;
-    st = LLM_SUCCESS;
-out:
-    llmdd__cache_put(dd, s);
-    llmdd__cache_put(dd, d);
-    return st;
-}
-
-/* The two copies, timed and counted once, like remote transfers. */
-llmdd_status
-llmdd_copy_kv_cache(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-                    uint32_t src_batch_index, uint32_t dst_batch_index,
-                    uint64_t offset, int64_t size)
-{
-    uint64_t bytes = 0;
-    llmdd_status st;
-
-    if (dd == NULL)
-        return LLM_PARAM_INVALID;
-    uint64_t t0 = llmdd__metrics_begin(dd);
-    st = copy_cache_run(dd, src, dst, src_batch_index, dst_batch_index, offset,
-                        size, &bytes);
-    llmdd__metrics_xfer(dd, LLMDD__OP_COPY, NULL, st, bytes, t0);
-    return st;
-}
-
-llmdd_status
-llmdd_copy_kv_blocks(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
-                     const uint64_t *src_blocks, const uint64_t *dst_blocks,
-                     size_t num_blocks)
-{
-    uint64_t bytes = 0;
-    llmdd_status st;
-
-    if (dd == NULL)
-        return LLM_PARAM_INVALID;
-    uint64_t t0 = llmdd__metrics_begin(dd);
-    st = copy_blocks_run(dd, src, dst, src_blocks, dst_blocks, num_blocks,
-                         &bytes);
-    llmdd__metrics_xfer(dd, LLMDD__OP_COPY, NULL, st, bytes, t0);
-    return st;
 }
