@@ -214,16 +214,31 @@ static void *
 unlink_serve_main(void *arg)
 {
     llmdd__link *link = arg;
-    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(link->dd);
+    llmdd *dd = link->dd;
+    int64_t deadline = llmdd__now_ms() + llmdd__wait_ms(dd);
 
     if (llmdd__link_quiesce(link, false, deadline)) {
         (void)llmdd__link_send(link, WMSG_UNLINK_ACK, NULL, 0);
         (void)llmdd__link_flush_until(link, deadline);
+        /* Crossed unlinks: our own unlink call waits for the peer's ACK,
+         * which the control thread, done with this link, no longer reads. */
+        pthread_mutex_lock(&dd->lock);
+        ctrl_of(link)->peer_unlink = PEER_UNLINK_DECIDED;
+        bool crossed = ctrl_of(link)->unlinking && !ctrl_of(link)->unlink_acked;
+        pthread_mutex_unlock(&dd->lock);
+        bool acked = crossed && llmdd__ctrl_read_ack(link, deadline);
+        pthread_mutex_lock(&dd->lock);
+        ctrl_of(link)->unlink_acked |= acked;
+        pthread_mutex_unlock(&dd->lock);
     } else {
         log_error("cluster %llu unlinked: our transfers on the link did not "
                   "end in time; not confirmed",
                   (unsigned long long)link->peer.cluster_id);
     }
+    pthread_mutex_lock(&dd->lock);
+    ctrl_of(link)->peer_unlink = PEER_UNLINK_DONE;
+    pthread_cond_broadcast(&dd->cond);
+    pthread_mutex_unlock(&dd->lock);
     llmdd__link_drop(link, "peer unlinked");
     llmdd__link_put(link);
     return NULL;
@@ -232,12 +247,17 @@ unlink_serve_main(void *arg)
 static void
 unlink_serve(llmdd *dd, llmdd__link *link)
 {
-    llmdd__link_retire(link, "peer unlinked");
     pthread_mutex_lock(&dd->lock);
+    ctrl_of(link)->peer_unlink = PEER_UNLINK_SERVING;
     link->refs++;
     pthread_mutex_unlock(&dd->lock);
+    llmdd__link_retire(link, "peer unlinked");
     if (llmdd__spawn(dd, unlink_serve_main, link) != 0) {
         /* Unconfirmed, the peer's call reports LLM_UNLINK_FAILED. */
+        pthread_mutex_lock(&dd->lock);
+        ctrl_of(link)->peer_unlink = PEER_UNLINK_DONE;
+        pthread_cond_broadcast(&dd->cond);
+        pthread_mutex_unlock(&dd->lock);
         llmdd__link_drop(link, "peer unlinked");
         llmdd__link_put(link);
     }
@@ -328,6 +348,46 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
         llmdd__link_drop(link, "unexpected control message");
         return false;
     }
+}
+
+/*
+ * The peer's UNLINK_ACK, read from the link's socket by an unlink once the
+ * control thread no longer polls the link (it was retired or dropped). A
+ * peer that honours our UNLINK sends the ACK and then closes its data
+ * connections; a transfer of ours can see that close and drop the link
+ * before the control thread has read the ACK, which then sits unread.
+ */
+bool
+llmdd__ctrl_read_ack(llmdd__link *link, int64_t deadline)
+{
+    llmdd *dd = link->dd;
+    llmdd__ctrl *c = dd->ctrl;
+    uint8_t buf[CTRL_MSG_MAX];
+    uint16_t type;
+    size_t len;
+    bool acked;
+    int rc;
+
+    pthread_mutex_lock(&dd->lock);
+    uint64_t want = ++c->gen;
+    pthread_mutex_unlock(&dd->lock);
+    llmdd__ctrl_wake(dd);
+    pthread_mutex_lock(&dd->lock);
+    while (c->seen_gen < want && !c->stop)
+        pthread_cond_wait(&dd->cond, &dd->lock);
+    acked = ctrl_of(link)->unlink_acked;
+    pthread_mutex_unlock(&dd->lock);
+    /* After a drop the socket is shut down: this reads only what had
+     * arrived, after what the control thread had read of a frame. */
+    while (!acked) {
+        rc = llmdd__ctrl_rx_next(link, &type, buf, &len);
+        if (rc == 1)
+            acked = type == WMSG_UNLINK_ACK;
+        else if (rc < 0 || llmdd__wait_fd(dd->stop_fd, link->ctrl_fd, POLLIN,
+                                          deadline) != 1)
+            break;
+    }
+    return acked;
 }
 
 /* Handles every whole message that has arrived on a link's control socket. */

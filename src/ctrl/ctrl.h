@@ -46,6 +46,12 @@ typedef struct {
     size_t rx_len;
     int64_t last_rx_ms; /* when the peer's bytes last arrived */
     bool unlink_acked;
+    bool unlinking; /* our llmdd_unlink_clusters ends this link */
+    /* The peer's UNLINK (ctrl.c, unlink_serve): SERVING from its arrival;
+     * DECIDED once whether our unlink crossed it was read; DONE when that
+     * unlink's ACK, if any, was read. */
+    enum { PEER_UNLINK_NONE, PEER_UNLINK_SERVING, PEER_UNLINK_DECIDED,
+           PEER_UNLINK_DONE } peer_unlink;
     bool reopening; /* a reopen job runs: the peer cannot spawn more */
 } llmdd__ctrl_link;
 
@@ -66,6 +72,8 @@ void llmdd__ctrl_wake(llmdd *dd);
  */
 int llmdd__ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf,
                         size_t *len);
+/* The peer's UNLINK_ACK, read by an unlink itself until deadline. */
+bool llmdd__ctrl_read_ack(llmdd__link *link, int64_t deadline);
 /* The handshake on fd got its HELLO, or failed: it cannot be evicted now. */
 void llmdd__ctrl_hello_done(llmdd *dd, int fd);
 

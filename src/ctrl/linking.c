@@ -110,45 +110,6 @@ struct link_job {
     llmdd_status st;
 };
 
-/*
- * The link died while we waited for UNLINK_ACK. A peer that honours our
- * UNLINK sends the ACK and then closes its data connections; a transfer of
- * ours can see that close and drop the link before the control thread has
- * read the ACK, which then sits unread in the socket. Once the control thread
- * no longer polls this link, read what is queued ourselves.
- */
-static bool
-unlink_ack_queued(llmdd *dd, llmdd__link *link, int64_t deadline)
-{
-    llmdd__ctrl *c = dd->ctrl;
-    uint8_t buf[CTRL_MSG_MAX];
-    uint16_t type;
-    size_t len;
-    bool acked;
-    int rc;
-
-    pthread_mutex_lock(&dd->lock);
-    uint64_t want = ++c->gen;
-    pthread_mutex_unlock(&dd->lock);
-    llmdd__ctrl_wake(dd);
-    pthread_mutex_lock(&dd->lock);
-    while (c->seen_gen < want && !c->stop)
-        pthread_cond_wait(&dd->cond, &dd->lock);
-    acked = ctrl_of(link)->unlink_acked;
-    pthread_mutex_unlock(&dd->lock);
-    /* The socket is shut down: this reads only what had arrived, after
-     * what the control thread had read of a frame. */
-    while (!acked) {
-        rc = llmdd__ctrl_rx_next(link, &type, buf, &len);
-        if (rc == 1)
-            acked = type == WMSG_UNLINK_ACK;
-        else if (rc < 0 || llmdd__wait_fd(dd->stop_fd, link->ctrl_fd, POLLIN,
-                                          deadline) != 1)
-            break;
-    }
-    return acked;
-}
-
 static llmdd_status
 unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
            bool force)
@@ -159,15 +120,33 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
     if (link == NULL)
         return LLM_SUCCESS;
     if (!force) {
+        /* Unlinks that cross: the peer's UNLINK, served here, reads our
+         * ACK (ctrl.c, unlink_serve_main); decided before ours was sent,
+         * it ended the link as a peer's unlink does, with nothing left
+         * for us to confirm. */
+        llmdd__ctrl_link *cl = ctrl_of(link);
+        pthread_mutex_lock(&dd->lock);
+        bool decided = cl->peer_unlink >= PEER_UNLINK_DECIDED;
+        cl->unlinking = true;
+        pthread_mutex_unlock(&dd->lock);
+        if (decided) {
+            llmdd__link_put(link);
+            return LLM_SUCCESS;
+        }
         int rc = llmdd__link_send(link, WMSG_UNLINK, NULL, 0);
         pthread_mutex_lock(&dd->lock);
-        while (rc == 0 && !ctrl_of(link)->unlink_acked && !link->dead &&
+        /* The peer's unlink marks the link dead at once: wait for its
+         * serving to end too. */
+        while (rc == 0 && !cl->unlink_acked &&
+               (!link->dead || (cl->peer_unlink != PEER_UNLINK_NONE &&
+                                cl->peer_unlink != PEER_UNLINK_DONE)) &&
                llmdd__now_ms() < deadline)
             llmdd__cond_wait_until(&dd->cond, &dd->lock, deadline);
-        bool acked = ctrl_of(link)->unlink_acked, dead = link->dead;
+        bool acked = cl->unlink_acked, dead = link->dead;
+        bool ours = cl->peer_unlink == PEER_UNLINK_NONE;
         pthread_mutex_unlock(&dd->lock);
-        if (!acked && dead && rc == 0)
-            acked = unlink_ack_queued(dd, link, deadline);
+        if (!acked && dead && rc == 0 && ours)
+            acked = llmdd__ctrl_read_ack(link, deadline);
         if (!acked) {
             log_error("unlink cluster %llu: the peer did not confirm",
                       (unsigned long long)ci->remote_cluster_id);

@@ -6,7 +6,9 @@
  * both calls must return LLM_SUCCESS, each side must hold exactly one link
  * (the same one: one side's "out" is the other's "in"), and both directions
  * must pull and push over it, every byte checked. Then one side unlinks by
- * cluster id and both wait until the link is gone on both sides.
+ * cluster id (every third round both do, released by the same barrier: the
+ * unlinks cross, and both must return LLM_SUCCESS) and both wait until the
+ * link is gone on both sides.
  *
  *   cross_test tcp|shm [rounds]        (50 rounds by default)
  */
@@ -230,7 +232,12 @@ party_main(party *p)
         } else if (strcmp(line, "inbox") == 0) {
             say(p->report, "inbox %d",
                 inbox_check_and_clear(&p->inbox, (uint32_t)p->peer));
-        } else if (strcmp(line, "unlink") == 0) {
+        } else if (strcmp(line, "unlink") == 0 ||
+                   strcmp(line, "unlink-go") == 0) {
+            char b;
+            while (line[6] == '-' && read(p->go, &b, 1) != 1)
+                if (errno != EINTR)
+                    _exit(4);
             llmdd_cluster_info ci = {.remote_cluster_id = p->peer};
             llmdd_status ret = LLM_FAILED;
             llmdd_status st = llmdd_unlink_clusters(p->dd, &ci, 1, &ret,
@@ -376,10 +383,21 @@ test_crossed_links(void **state)
             assert_string_equal(line, "inbox 1");
         }
         both_ok++;
-        /* One side unlinks by id; both wait until the link is gone. */
-        tell(r % 2, "unlink");
-        hear(r % 2, line, sizeof(line));
-        assert_string_equal(line, "unlinked 0");
+        /* One side unlinks by id, or both at once; both wait until the
+         * link is gone. */
+        if (r % 3 == 2) {
+            tell(0, "unlink-go");
+            tell(1, "unlink-go");
+            assert_int_equal(write(go_w, "gg", 2), 2);
+            for (int i = 0; i < 2; i++) {
+                hear(i, line, sizeof(line));
+                assert_string_equal(line, "unlinked 0");
+            }
+        } else {
+            tell(r % 2, "unlink");
+            hear(r % 2, line, sizeof(line));
+            assert_string_equal(line, "unlinked 0");
+        }
         for (int i = 0; i < 2; i++) {
             tell(i, "wait-unlinked");
             hear(i, line, sizeof(line));
