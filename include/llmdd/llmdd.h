@@ -509,6 +509,93 @@ LLMDD_API llmdd_status llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id,
  */
 LLMDD_API size_t llmdd_metrics_text(llmdd *dd, char *buf, size_t cap);
 
+/*
+ * KV layouts (0.3): heterogeneous tensor parallelism, block sizes and
+ * dimension orders, planned and moved by the library (docs/model.md, "KV
+ * layouts"). A layout is fixed metadata of a cache: each tensor is
+ * [shape[0] blocks] x one block of the layout, whose dims are, outermost
+ * first, BLOCK, then HEAD, TOKEN and (with num_dims 5) PART in any order,
+ * and BYTES last ("NHD": BLOCK, TOKEN, HEAD, BYTES; "HND": BLOCK, HEAD,
+ * TOKEN, BYTES). Rules, else LLM_PARAM_INVALID at creation: each dim once,
+ * BLOCK first, BYTES last, PART iff num_dims == 5, extents >= 1,
+ * head_first + num_heads <= total_heads, and block_size * num_heads *
+ * head_bytes * num_parts equals the tensor size divided by shape[0]
+ * (overflow-checked). A layout cache is an ordinary cache for every other
+ * call (a slot is a block); its layout travels to linked peers with its
+ * description.
+ */
+typedef enum {
+    LLMDD_KV_DIM_BLOCK = 1,
+    LLMDD_KV_DIM_PART = 2,
+    LLMDD_KV_DIM_HEAD = 3,
+    LLMDD_KV_DIM_TOKEN = 4,
+    LLMDD_KV_DIM_BYTES = 5
+} llmdd_kv_dim;
+#define LLMDD_KV_MAX_DIMS 5
+typedef struct {
+    uint32_t num_dims;                     /* 4, or 5 with PART */
+    llmdd_kv_dim order[LLMDD_KV_MAX_DIMS]; /* outermost first */
+    uint32_t block_size;                   /* tokens per block */
+    uint32_t num_heads, head_first; /* heads held; global index of the first */
+    uint32_t total_heads;           /* the model's KV heads (MLA: 1) */
+    uint32_t head_bytes; /* one head of one token, packed scales included */
+    uint32_t num_parts;  /* PART extent (K and V in one tensor: 2), else 1 */
+    uint64_t compat_tag; /* the caller's model/dtype hash; 0 = unchecked */
+} llmdd_kv_layout;
+
+/* llmdd_allocate_cache with a layout. */
+/* llmdd_register_kv_cache with a layout. */
+/*
+ * The layout of a linked peer's cache, for a check at startup (it asks the
+ * peer): LLM_NOT_YET_LINK without a link, LLM_KV_CACHE_NOT_EXIST for an
+ * unknown cache, LLM_CACHE_INCOMPATIBLE when it has no layout.
+ */
+
+typedef struct {
+    const uint64_t *blocks; /* this side's block table for the request */
+    size_t num_blocks;
+    uint64_t first_token; /* position of blocks[0] slot 0; a multiple of
+                             block_size */
+} llmdd_block_table;
+typedef struct {
+    llmdd_block_table src, dst;
+    uint64_t token_begin, token_end; /* request positions [begin, end) */
+    uint32_t head_begin, head_end; /* global heads; {0,0}: all both hold */
+    llmdd_kv_ext_param ext;        /* layer ranges, tensors per layer */
+} llmdd_kv_slice;
+#define LLMDD_SLICES_MAX 256
+/*
+ * Slice transfers: for each slice, each mapped tensor pair, part, token t in
+ * [token_begin, token_end) and head h in [head_begin, head_end), the
+ * head_bytes at (blocks[(t - first_token) / block_size], slot
+ * (t - first_token) % block_size, head h - head_first) of the source land at
+ * the same coordinates of the destination; nothing else is written. Slice i
+ * comes from srcs[i] (a pull) or goes to dsts[i] (a push); every index names
+ * its cache with batch_index 0. Every check of docs/model.md runs, in its
+ * order, before anything is posted. A slice with token_begin == token_end
+ * moves nothing and carries only the notification. opts->notify reaches
+ * each peer once, after that peer's bytes landed.
+ */
+
+/* A piece of llmdd_tp_plan: source rank `rank` gives heads [head_begin,
+ * head_end); an empty range: that rank only gets the notification. */
+typedef struct {
+    uint32_t rank, head_begin, head_end;
+} llmdd_tp_piece;
+/*
+ * Pure: which source ranks hold what dst_rank needs, each destination head
+ * read once, replicas spread over destination ranks; every source rank
+ * appears once (with an empty piece when it gives nothing), so the request
+ * notifies all. Head ownership: with tp <= H, rank r holds heads
+ * [r*H/tp, (r+1)*H/tp) and H % tp must be 0; with tp > H, rank r holds head
+ * floor(r*H/tp) and tp % H must be 0. LLM_PARAM_INVALID otherwise, for
+ * dst_rank >= dst_tp, NULLs, or cap below the piece count (src_tp pieces).
+ */
+LLMDD_API llmdd_status llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp,
+                                     uint32_t dst_tp, uint32_t dst_rank,
+                                     llmdd_tp_piece *out, size_t cap,
+                                     size_t *count_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,415 @@
+/*
+ * KV layouts and slice planning: layout rules, table checks, the 2-D run
+ * planner and llmdd_tp_plan. Pure; see core/slices.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/slices.h"
+
+static uint64_t
+dim_extent(const llmdd_kv_layout *l, llmdd_kv_dim d)
+{
+    switch (d) {
+    case LLMDD_KV_DIM_PART:
+        return l->num_parts;
+    case LLMDD_KV_DIM_HEAD:
+        return l->num_heads;
+    case LLMDD_KV_DIM_TOKEN:
+        return l->block_size;
+    case LLMDD_KV_DIM_BYTES:
+        return l->head_bytes;
+    default:
+        return 0;
+    }
+}
+
+llmdd_status
+llmdd__layout_check(const llmdd_kv_layout *l, uint64_t block_bytes,
+                    llmdd__layout_geom *g)
+{
+    bool seen[LLMDD_KV_MAX_DIMS + 1] = {false};
+    llmdd__layout_geom geo;
+
+    if (l == NULL || (l->num_dims != 4 && l->num_dims != 5))
+        return LLM_PARAM_INVALID;
+    for (uint32_t i = 0; i < l->num_dims; i++) {
+        int d = (int)l->order[i];
+        if (d < LLMDD_KV_DIM_BLOCK || d > LLMDD_KV_DIM_BYTES || seen[d])
+            return LLM_PARAM_INVALID;
+        seen[d] = true;
+    }
+    if (l->order[0] != LLMDD_KV_DIM_BLOCK ||
+        l->order[l->num_dims - 1] != LLMDD_KV_DIM_BYTES ||
+        seen[LLMDD_KV_DIM_PART] != (l->num_dims == 5))
+        return LLM_PARAM_INVALID;
+    if (l->block_size == 0 || l->num_heads == 0 || l->total_heads == 0 ||
+        l->head_bytes == 0 || l->num_parts == 0 ||
+        (l->num_dims == 4 && l->num_parts != 1) ||
+        (uint64_t)l->head_first + l->num_heads > l->total_heads)
+        return LLM_PARAM_INVALID;
+    memset(&geo, 0, sizeof(geo));
+    uint64_t s = 1;
+    for (uint32_t i = l->num_dims; i-- > 1;) {
+        llmdd_kv_dim d = l->order[i];
+        geo.stride[d] = s;
+        if (__builtin_mul_overflow(s, dim_extent(l, d), &s))
+            return LLM_PARAM_INVALID;
+    }
+    geo.block = s;
+    if (s != block_bytes)
+        return LLM_PARAM_INVALID;
+    geo.stride[LLMDD_KV_DIM_BLOCK] = s;
+    if (g != NULL)
+        *g = geo;
+    return LLM_SUCCESS;
+}
+
+bool
+llmdd__layout_compatible(const llmdd_kv_layout *a, const llmdd_kv_layout *b)
+{
+    if (a->total_heads != b->total_heads || a->head_bytes != b->head_bytes ||
+        a->num_parts != b->num_parts)
+        return false;
+    return a->compat_tag == 0 || b->compat_tag == 0 ||
+           a->compat_tag == b->compat_tag;
+}
+
+void
+llmdd__slice_heads(const llmdd_kv_slice *s, const llmdd_kv_layout *src,
+                   const llmdd_kv_layout *dst, uint32_t *begin, uint32_t *end)
+{
+    if (s->head_begin != 0 || s->head_end != 0) {
+        *begin = s->head_begin;
+        *end = s->head_end;
+        return;
+    }
+    uint32_t b = src->head_first > dst->head_first ? src->head_first
+                                                   : dst->head_first;
+    uint64_t se = (uint64_t)src->head_first + src->num_heads;
+    uint64_t de = (uint64_t)dst->head_first + dst->num_heads;
+    uint64_t e = se < de ? se : de;
+    *begin = b;
+    *end = e > b ? (uint32_t)e : b;
+}
+
+llmdd_status
+llmdd__table_check(const llmdd_block_table *t, const llmdd_kv_layout *l,
+                   uint64_t num_blocks, uint64_t tb, uint64_t te)
+{
+    uint64_t B = l->block_size;
+
+    if (t->first_token % B != 0 || tb < t->first_token || t->blocks == NULL)
+        return LLM_PARAM_INVALID;
+    uint64_t first = (tb - t->first_token) / B;
+    uint64_t last = (te - 1 - t->first_token) / B;
+    if (last >= t->num_blocks)
+        return LLM_PARAM_INVALID;
+    for (uint64_t k = first; k <= last; k++)
+        if (t->blocks[k] >= num_blocks)
+            return LLM_PARAM_INVALID;
+    return LLM_SUCCESS;
+}
+
+static int
+u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int
+llmdd__table_repeats(const llmdd_block_table *t, uint32_t block_size,
+                     uint64_t tb, uint64_t te)
+{
+    uint64_t first = (tb - t->first_token) / block_size;
+    uint64_t last = (te - 1 - t->first_token) / block_size;
+    size_t n = (size_t)(last - first + 1);
+    if (n < 2)
+        return 0;
+    uint64_t *c = malloc(n * sizeof(*c));
+    if (c == NULL)
+        return -1;
+    memcpy(c, t->blocks + first, n * sizeof(*c));
+    qsort(c, n, sizeof(*c), u64_cmp);
+    int rep = 0;
+    for (size_t i = 1; i < n && !rep; i++)
+        rep = c[i] == c[i - 1];
+    free(c);
+    return rep;
+}
+
+void
+llmdd__plan2_free(llmdd__plan2 *p)
+{
+    free(p->runs);
+    p->runs = NULL;
+    p->n = p->cap = 0;
+}
+
+/* Merges r into the last run when it continues it; else appends. */
+static int
+plan_push(llmdd__plan2 *p, llmdd__run2 r)
+{
+    if (p->n > 0) {
+        llmdd__run2 *l = &p->runs[p->n - 1];
+        if (l->count == 1 && r.count == 1 && r.src_off == l->src_off + l->len &&
+            r.dst_off == l->dst_off + l->len) {
+            l->len += r.len; /* contiguous on both sides */
+            return 0;
+        }
+        if (l->len == r.len) {
+            if (l->count == 1 && r.src_off >= l->src_off &&
+                r.dst_off >= l->dst_off + l->len &&
+                (r.count == 1 ||
+                 (r.src_off - l->src_off == r.src_stride &&
+                  r.dst_off - l->dst_off == r.dst_stride))) {
+                l->src_stride = r.src_off - l->src_off;
+                l->dst_stride = r.dst_off - l->dst_off;
+                l->count += r.count;
+                return 0;
+            }
+            if (l->count > 1 &&
+                (r.count == 1 || (r.src_stride == l->src_stride &&
+                                  r.dst_stride == l->dst_stride)) &&
+                r.src_off == l->src_off + l->count * l->src_stride &&
+                r.dst_off == l->dst_off + l->count * l->dst_stride) {
+                l->count += r.count;
+                return 0;
+            }
+        }
+    }
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 16;
+        llmdd__run2 *n = realloc(p->runs, cap * sizeof(*n));
+        if (n == NULL)
+            return -1;
+        p->runs = n;
+        p->cap = cap;
+    }
+    if (r.count == 1)
+        r.src_stride = r.dst_stride = 0;
+    p->runs[p->n++] = r;
+    return 0;
+}
+
+typedef struct {
+    uint64_t n, ss, ds;
+} box_dim;
+
+/*
+ * A box of elements: base offsets, up to 3 dims, elements of len bytes.
+ * Dims whose strides equal the element length on both sides fold into it;
+ * the widest remaining dim becomes the count of 2-D runs, the others are
+ * walked, outer (larger source stride) first.
+ */
+static int
+emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
+         box_dim *d, int nd)
+{
+    int k = 0;
+    for (int i = 0; i < nd; i++)
+        if (d[i].n > 1)
+            d[k++] = d[i];
+    nd = k;
+    for (bool folded = true; folded;) {
+        folded = false;
+        for (int i = 0; i < nd; i++) {
+            if (d[i].ss == len && d[i].ds == len) {
+                len *= d[i].n;
+                d[i] = d[--nd];
+                folded = true;
+                break;
+            }
+        }
+    }
+    if (nd == 0)
+        return plan_push(p, (llmdd__run2){sbase, dbase, len, 1, 0, 0});
+    int c = 0;
+    for (int i = 1; i < nd; i++)
+        if (d[i].n > d[c].n)
+            c = i;
+    box_dim cd = d[c];
+    d[c] = d[--nd];
+    if (nd == 2 && d[1].ss > d[0].ss) {
+        box_dim t = d[0];
+        d[0] = d[1];
+        d[1] = t;
+    }
+    uint64_t n0 = nd > 0 ? d[0].n : 1, n1 = nd > 1 ? d[1].n : 1;
+    for (uint64_t a = 0; a < n0; a++) {
+        for (uint64_t b = 0; b < n1; b++) {
+            uint64_t so = sbase, dof = dbase;
+            if (nd > 0) {
+                so += a * d[0].ss;
+                dof += a * d[0].ds;
+            }
+            if (nd > 1) {
+                so += b * d[1].ss;
+                dof += b * d[1].ds;
+            }
+            if (plan_push(p, (llmdd__run2){so, dof, len, cd.n, cd.ss,
+                                           cd.ds}) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+int
+llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
+                  const llmdd_block_table *st, const llmdd_kv_layout *dl,
+                  const llmdd_block_table *dt, uint64_t tb, uint64_t te,
+                  uint32_t h0, uint32_t h1)
+{
+    llmdd__layout_geom sg, dg;
+
+    /* Checked layouts: the geometry is their own product. */
+    (void)llmdd__layout_check(sl, (uint64_t)sl->block_size * sl->num_heads *
+                                      sl->head_bytes * sl->num_parts,
+                              &sg);
+    (void)llmdd__layout_check(dl, (uint64_t)dl->block_size * dl->num_heads *
+                                      dl->head_bytes * dl->num_parts,
+                              &dg);
+    uint64_t sB = sl->block_size, dB = dl->block_size;
+    for (uint64_t t = tb; t < te;) {
+        uint64_t sr = t - st->first_token, dr = t - dt->first_token;
+        uint64_t ss = sr % sB, ds = dr % dB;
+        uint64_t L = te - t;
+        if (sB - ss < L)
+            L = sB - ss;
+        if (dB - ds < L)
+            L = dB - ds;
+        uint64_t sbase = st->blocks[sr / sB] * sg.block +
+                         ss * sg.stride[LLMDD_KV_DIM_TOKEN] +
+                         (uint64_t)(h0 - sl->head_first) *
+                             sg.stride[LLMDD_KV_DIM_HEAD];
+        uint64_t dbase = dt->blocks[dr / dB] * dg.block +
+                         ds * dg.stride[LLMDD_KV_DIM_TOKEN] +
+                         (uint64_t)(h0 - dl->head_first) *
+                             dg.stride[LLMDD_KV_DIM_HEAD];
+        box_dim d[3] = {
+            {sl->num_parts, sg.stride[LLMDD_KV_DIM_PART],
+             dg.stride[LLMDD_KV_DIM_PART]},
+            {h1 - h0, sg.stride[LLMDD_KV_DIM_HEAD],
+             dg.stride[LLMDD_KV_DIM_HEAD]},
+            {L, sg.stride[LLMDD_KV_DIM_TOKEN], dg.stride[LLMDD_KV_DIM_TOKEN]},
+        };
+        if (emit_box(p, sbase, dbase, sl->head_bytes, d, 3) != 0)
+            return -1;
+        t += L;
+    }
+    return 0;
+}
+
+uint64_t
+llmdd__plan2_elems(const llmdd__plan2 *p)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < p->n; i++)
+        n += p->runs[i].count;
+    return n;
+}
+
+uint64_t
+llmdd__plan2_bytes(const llmdd__plan2 *p)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < p->n; i++)
+        n += p->runs[i].count * p->runs[i].len;
+    return n;
+}
+
+int
+llmdd__plan2_flatten(const llmdd__plan2 *p, llmdd__run **out, size_t *n_out)
+{
+    uint64_t total = llmdd__plan2_elems(p);
+    size_t n = 0;
+
+    *out = NULL;
+    *n_out = 0;
+    if (total == 0)
+        return 0;
+    if (total > SIZE_MAX / sizeof(llmdd__run))
+        return -1;
+    llmdd__run *r = malloc((size_t)total * sizeof(*r));
+    if (r == NULL)
+        return -1;
+    for (size_t i = 0; i < p->n; i++) {
+        const llmdd__run2 *q = &p->runs[i];
+        for (uint64_t k = 0; k < q->count; k++) {
+            uint64_t so = q->src_off + k * q->src_stride;
+            uint64_t dof = q->dst_off + k * q->dst_stride;
+            if (n > 0 && r[n - 1].src_off + r[n - 1].len == so &&
+                r[n - 1].dst_off + r[n - 1].len == dof) {
+                r[n - 1].len += q->len;
+                continue;
+            }
+            r[n++] = (llmdd__run){so, dof, q->len};
+        }
+    }
+    *out = r;
+    *n_out = n;
+    return 0;
+}
+
+/* ---- llmdd_tp_plan ---- */
+
+/* Whether tp ranks can share H heads (docs/model.md's ownership rule). */
+static bool
+tp_valid(uint32_t H, uint32_t tp)
+{
+    return tp > 0 && (tp <= H ? H % tp == 0 : tp % H == 0);
+}
+
+/* The heads rank r of tp holds: [*b, *e). */
+static void
+tp_heads(uint32_t H, uint32_t tp, uint32_t r, uint32_t *b, uint32_t *e)
+{
+    if (tp <= H) {
+        *b = r * (H / tp);
+        *e = *b + H / tp;
+    } else {
+        *b = r / (tp / H);
+        *e = *b + 1;
+    }
+}
+
+llmdd_status
+llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp, uint32_t dst_tp,
+              uint32_t dst_rank, llmdd_tp_piece *out, size_t cap,
+              size_t *count_out)
+{
+    uint32_t H = total_heads, db, de;
+
+    if (H == 0 || !tp_valid(H, src_tp) || !tp_valid(H, dst_tp) ||
+        dst_rank >= dst_tp || out == NULL || count_out == NULL ||
+        cap < src_tp)
+        return LLM_PARAM_INVALID;
+    tp_heads(H, dst_tp, dst_rank, &db, &de);
+    for (uint32_t s = 0; s < src_tp; s++)
+        out[s] = (llmdd_tp_piece){s, 0, 0};
+    if (src_tp <= H) {
+        /* One holder per head: the ranks whose ranges meet ours. */
+        uint32_t per = H / src_tp;
+        for (uint32_t s = db / per; s * per < de; s++) {
+            uint32_t b = s * per > db ? s * per : db;
+            uint32_t e = (s + 1) * per < de ? (s + 1) * per : de;
+            out[s].head_begin = b;
+            out[s].head_end = e;
+        }
+    } else {
+        /* k replicas per head: the j-th destination rank holding head h
+         * reads replica j mod k; a head with one reader takes replica
+         * h mod k, so neighbouring heads come from different ranks. */
+        uint32_t k = src_tp / H;
+        for (uint32_t h = db; h < de; h++) {
+            uint32_t j = dst_tp > H ? dst_rank - h * (dst_tp / H) : h;
+            uint32_t s = h * k + j % k;
+            out[s].head_begin = h;
+            out[s].head_end = h + 1;
+        }
+    }
+    *count_out = src_tp;
+    return LLM_SUCCESS;
+}
