@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -139,6 +140,29 @@ cli_parse_range(const char *s, bool sizes, uint64_t *a, uint64_t *b)
     return true;
 }
 
+/*
+ * A host name ("localhost", "prefill-0") in place of an address: its first
+ * address, IPv4 before IPv6, written back as numbers (the library takes
+ * numeric addresses only).
+ */
+static bool
+resolve_name(char *name, size_t cap)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai, *pick = NULL;
+
+    if (getaddrinfo(name, NULL, &hints, &ai) != 0)
+        return false;
+    for (struct addrinfo *a = ai; a != NULL; a = a->ai_next)
+        if (pick == NULL || (a->ai_family == AF_INET &&
+                             pick->ai_family != AF_INET))
+            pick = a;
+    bool ok = pick != NULL &&
+              getnameinfo(pick->ai_addr, pick->ai_addrlen, name, (socklen_t)cap,
+                          NULL, 0, NI_NUMERICHOST) == 0;
+    freeaddrinfo(ai);
+    return ok;
+}
+
 bool
 cli_parse_hostport(const char *s, uint32_t min_port, char *ip, size_t cap,
                    uint16_t *port)
@@ -172,8 +196,10 @@ cli_parse_hostport(const char *s, uint32_t min_port, char *ip, size_t cap,
             return false;
         memcpy(addr, s, n);
         addr[n] = '\0';
-        if (inet_pton(AF_INET, addr, tmp) != 1)
+        if (inet_pton(AF_INET, addr, tmp) != 1 &&
+            !resolve_name(addr, sizeof(addr)))
             return false;
+        n = strlen(addr);
         p = colon + 1;
     }
     if (!cli_parse_u32(p, min_port, 65535, &v) || n >= cap)

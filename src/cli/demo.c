@@ -99,7 +99,7 @@ static const char demo_usage[] =
     "                        loop only reaches an instance in the same\n"
     "                        process, so with loop both instances run in\n"
     "                        this one process (two threads)\n"
-    "      --layers N        same as --num-layers\n" CLI_SHAPE_HELP
+    CLI_SHAPE_HELP
     "      --seed N          pattern seed (default 1)\n"
     "      --timeout MS      link timeout (default 5000)\n"
     "  -o, --option K=V      extra llmdd option for both instances\n"

@@ -19,9 +19,10 @@ cm_hint(llmdd_status st)
 {
     switch (st) {
     case LLM_LINK_FAILED:
-        return "nothing accepted the link there: is `llmdd serve` running at "
-               "that address, with a different cluster id and the same "
-               "llm.AuthToken?";
+        return "the library's error line above says which: nothing listens "
+               "there (connection refused: is `llmdd serve` running?), the "
+               "peer is another cluster id than --remote-cluster-id, or the "
+               "two sides' llm.AuthToken differ (-o llm.AuthToken=...)";
     case LLM_TIMEOUT:
         return "the peer did not answer in time; raise --timeout or "
                "-o llm.SyncKvCacheWaitTime=MS";

@@ -79,7 +79,7 @@ pull_opt(void *ctx, int opt, const char *arg)
     switch (opt) {
     case 'c':
         if (!cli_parse_hostport(arg, 1, c->ip, sizeof(c->ip), &c->port))
-            return cli_usage_err("--connect: \"%s\" is not IP:PORT with "
+            return cli_usage_err("--connect: \"%s\" is not IP:PORT or HOST:PORT with "
                                  "a port in 1..65535",
                                  arg);
         c->have_connect = true;

@@ -29,7 +29,7 @@ static const char serve_usage[] =
     "                        (seed 1 unless given) so `llmdd pull --verify`\n"
     "                        can check them; without it they stay zero\n"
     "  -t, --transport NAME  auto (default), shm, tcp, ucx\n"
-    "      --layers N        same as --num-layers\n" CLI_SHAPE_HELP
+    CLI_SHAPE_HELP
     "      --metrics IP:PORT serve Prometheus metrics over HTTP at\n"
     "                        http://IP:PORT/metrics (`llmdd stats` reads "
     "them);\n"
@@ -77,7 +77,7 @@ serve_opt(void *ctx, int opt, const char *arg)
     switch (opt) {
     case 'l':
         if (!cli_parse_hostport(arg, 0, c->ip, sizeof(c->ip), &c->port))
-            return cli_usage_err("--listen: \"%s\" is not IP:PORT with a "
+            return cli_usage_err("--listen: \"%s\" is not IP:PORT or HOST:PORT with a "
                                  "port in 0..65535",
                                  arg);
         c->have_listen = true;
@@ -94,7 +94,7 @@ serve_opt(void *ctx, int opt, const char *arg)
         break;
     case OPT_METRICS:
         if (!cli_parse_hostport(arg, 0, c->mip, sizeof(c->mip), &c->mport))
-            return cli_usage_err("--metrics: \"%s\" is not IP:PORT with a "
+            return cli_usage_err("--metrics: \"%s\" is not IP:PORT or HOST:PORT with a "
                                  "port in 0..65535",
                                  arg);
         c->have_metrics = true;

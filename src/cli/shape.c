@@ -69,6 +69,10 @@ cli_shape_opt(cli_shape *s, int opt, const char *arg)
         cli_usage_err("unknown model \"%s\" (%s)", arg, list);
         return -1;
     case CLI_OPT_LAYERS:
+        /* One name, one meaning: --layers is llmdd pull's range. */
+        cli_usage_err("--layers is a layer range (A:B) of `llmdd pull`; the "
+                      "number of layers is --num-layers");
+        return -1;
     case CLI_OPT_NUM_LAYERS:
         field = &s->layers, max = 1024, what = "--layers";
         break;
