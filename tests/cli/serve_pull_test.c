@@ -117,6 +117,15 @@ test_serve_pull_verified(void **state)
     expect(&r, 0, "verified: 8 KiB", NULL);
     cu_result_free(&r);
 
+    /* A host name resolves: the same server as "localhost". */
+    server byname = s;
+    snprintf(byname.addr, sizeof(byname.addr), "localhost%s",
+             strrchr(s.addr, ':'));
+    const char *named[] = {"--verify", NULL};
+    r = pull(&byname, named);
+    expect(&r, 0, "verified: 128 KiB", NULL);
+    cu_result_free(&r);
+
     /* The check is real: another seed's pattern does not match. */
     const char *seed[] = {"--seed", "99", "--verify", NULL};
     r = pull(&s, seed);
