@@ -81,6 +81,18 @@ const char *cli_fmt_ns(char *buf, size_t cap, int64_t ns);
 int64_t cli_now_ns(void); /* CLOCK_MONOTONIC, shared by the host's processes */
 double cli_gbps(uint64_t bytes, int64_t ns); /* decimal GB/s */
 
+/*
+ * Progress of long work on a terminal: when stderr is one and total is at
+ * least CLI_PROGRESS_MIN, a line on stderr redrawn every 0.5 s with the
+ * elapsed time, and the share done once cli_progress_set reports some.
+ * NULL (nothing shown) otherwise; every call takes NULL.
+ */
+#define CLI_PROGRESS_MIN (256ull << 20)
+typedef struct cli_progress cli_progress;
+cli_progress *cli_progress_start(const char *what, uint64_t total);
+void cli_progress_set(cli_progress *p, uint64_t done);
+void cli_progress_end(cli_progress *p);
+
 /* ---- Library options common to the node-running subcommands. ---- */
 
 typedef struct {

@@ -188,6 +188,10 @@ cli_info(int argc, char **argv)
 
     if (rc != 0)
         return rc < 0 ? CLI_EXIT_OK : rc;
+    /* The probes' own links and pulls are not the user's: their warnings
+     * (UCX's over tcp, say) would read as problems of this host. A failed
+     * probe prints its status on its own line. */
+    setenv("LLMDD_LOG_LEVEL", "error", 0);
     printf("llmdd %s (library); tool built against the %d.%d.%d header\n",
            llmdd_version(), LLMDD_VERSION_MAJOR, LLMDD_VERSION_MINOR,
            LLMDD_VERSION_PATCH);

@@ -5,10 +5,12 @@
 #include "common.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *cli_prog = "llmdd";
 
@@ -161,4 +163,94 @@ double
 cli_gbps(uint64_t bytes, int64_t ns)
 {
     return ns > 0 ? (double)bytes / (double)ns : 0.0;
+}
+
+/* ---- Progress of long work, on a terminal. ---- */
+
+struct cli_progress {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const char *what;
+    uint64_t total, done; /* done stays 0 when unknown (one blocking call) */
+    int64_t t0;
+    bool stop;
+};
+
+static void *
+cp_main(void *arg)
+{
+    cli_progress *p = arg;
+    char b1[32], b2[32];
+
+    pthread_mutex_lock(&p->lock);
+    while (!p->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 500000000;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+        if (p->stop)
+            break;
+        cli_fmt_bytes(b1, sizeof(b1), p->total);
+        cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - p->t0);
+        if (p->done > 0)
+            fprintf(stderr, "\r%s %s: %3.0f%%, %s ", p->what, b1,
+                    100.0 * (double)p->done / (double)p->total, b2);
+        else
+            fprintf(stderr, "\r%s %s: %s ", p->what, b1, b2);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+cli_progress *
+cli_progress_start(const char *what, uint64_t total)
+{
+    cli_progress *p;
+
+    if (total < CLI_PROGRESS_MIN || !isatty(STDERR_FILENO) ||
+        (p = calloc(1, sizeof(*p))) == NULL)
+        return NULL;
+    *p = (cli_progress){.what = what, .total = total, .t0 = cli_now_ns()};
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&p->thread, NULL, cp_main, p) != 0) {
+        pthread_cond_destroy(&p->cond);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void
+cli_progress_set(cli_progress *p, uint64_t done)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->done = done;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void
+cli_progress_end(cli_progress *p)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->stop = true;
+    pthread_cond_signal(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    pthread_join(p->thread, NULL);
+    fprintf(stderr, "\r\033[K"); /* the line is cleared for what follows */
+    pthread_cond_destroy(&p->cond);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
 }

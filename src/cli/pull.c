@@ -237,6 +237,8 @@ cli_pull(int argc, char **argv)
         snprintf(layers, sizeof(layers), "layers %" PRId32 "-%" PRId32, c.first,
                  c.last);
 
+    uint64_t want = (blocks ? stride * c.nblocks : stride) * tcount;
+    cli_progress *prog = cli_progress_start("pulling", want);
     t0 = cli_now_ns();
     if (blocks) {
         st = llmdd_pull_kv_blocks(dd, &idx, &local, c.blocks, c.blocks,
@@ -253,6 +255,7 @@ cli_pull(int argc, char **argv)
         bytes = stride * tcount;
     }
     int64_t ns = cli_now_ns() - t0;
+    cli_progress_end(prog);
     if (st != LLM_SUCCESS) {
         cli_err_st(st, "%s", what);
         goto out;

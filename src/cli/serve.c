@@ -4,12 +4,15 @@
  * prints their ids and shapes and the command that pulls from them, and
  * serves until SIGINT or SIGTERM.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -19,7 +22,8 @@ static const char serve_usage[] =
     "A prompt node: allocates a KV cache (id 1) and a paged cache (id 2) of\n"
     "the given shape, fills them when asked, prints their ids and shapes and\n"
     "the `llmdd pull` command for a second terminal, then serves decoders\n"
-    "until SIGINT (Ctrl-C) or SIGTERM, and shuts down cleanly.\n"
+    "until SIGINT (Ctrl-C) or SIGTERM, and shuts down cleanly (a second\n"
+    "one exits at once). Links are logged as they come and go.\n"
     "\n"
     "Options:\n"
     "  -l, --listen IP:PORT  address to listen on; [IPv6]:PORT for IPv6;\n"
@@ -127,6 +131,62 @@ serve_parse(serve_cfg *c, int argc, char **argv)
     return cli_peer_args_check(&c->lo, &c->shape);
 }
 
+/*
+ * Signals: the first SIGINT or SIGTERM asks for a clean shutdown (a byte on
+ * stop_pipe, read when serving starts, or between tensors of a fill); a
+ * second one exits at once, without cleanup (a later start removes what
+ * shared memory a dead process left).
+ */
+static int stop_pipe[2] = {-1, -1};
+
+static void *
+serve_signals(void *arg)
+{
+    const sigset_t *sigs = arg;
+    int sig, seen = 0;
+
+    for (;;) {
+        if (sigwait(sigs, &sig) != 0)
+            continue;
+        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (seen++ == 0) {
+            printf("llmdd serve: %s: shutting down (again to exit at once)\n",
+                   name);
+            char b = 1;
+            (void)!write(stop_pipe[1], &b, 1);
+            continue;
+        }
+        fprintf(stderr, "llmdd serve: second %s: exiting now\n", name);
+        _exit(CLI_EXIT_FAIL);
+    }
+    return NULL;
+}
+
+static bool
+serve_stopping(void)
+{
+    struct pollfd p = {.fd = stop_pipe[0], .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
+/* The deterministic fill, tensor by tensor, with progress on a terminal;
+ * false when a signal stopped it. */
+static bool
+serve_fill(const llmdd_cache *c, uint32_t seed, const char *what)
+{
+    uint64_t size = cli_desc_tensor_size(&c->desc);
+    cli_progress *p = cli_progress_start(what, size * c->desc.num_tensors);
+    bool done = true;
+
+    for (uint32_t t = 0; t < c->desc.num_tensors && done; t++) {
+        cli_fill((void *)(uintptr_t)c->tensor_addrs[t], size, seed, t, 0);
+        cli_progress_set(p, size * (t + 1));
+        done = !serve_stopping();
+    }
+    cli_progress_end(p);
+    return done;
+}
+
 int
 cli_serve(int argc, char **argv)
 {
@@ -157,6 +217,16 @@ cli_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    pthread_t sig_thread;
+    if (pipe(stop_pipe) != 0 ||
+        pthread_create(&sig_thread, NULL, serve_signals, &sigs) != 0) {
+        cli_err("cannot start the signal thread");
+        goto out;
+    }
+    pthread_detach(sig_thread);
+    /* An operator sees links come and go (the library's info lines),
+     * unless LLMDD_LOG_LEVEL says otherwise. */
+    setenv("LLMDD_LOG_LEVEL", "info", 0);
 
     st = cli_instance(c.cluster, LLMDD_ROLE_PROMPT, &c.lo, c.ip, &c.port, &dd,
                       err, sizeof(err));
@@ -182,8 +252,19 @@ cli_serve(int argc, char **argv)
         goto out;
     }
     if (c.fill) {
-        cli_fill_cache(&kv, cli_cache_seed(c.seed, kv.cache_id));
-        cli_fill_cache(&paged, cli_cache_seed(c.seed, paged.cache_id));
+        char size[32];
+        uint64_t all = cli_desc_tensor_size(&kv.desc) * kv.desc.num_tensors +
+                       cli_desc_tensor_size(&paged.desc) *
+                           paged.desc.num_tensors;
+        printf("llmdd serve: filling %s of caches (Ctrl-C stops)\n",
+               cli_fmt_bytes(size, sizeof(size), all));
+    }
+    if (c.fill &&
+        (!serve_fill(&kv, cli_cache_seed(c.seed, kv.cache_id), "filling") ||
+         !serve_fill(&paged, cli_cache_seed(c.seed, paged.cache_id),
+                     "filling"))) {
+        rc = CLI_EXIT_OK; /* stopped by a signal while filling */
+        goto out;
     }
 
     char addr[LLMDD_IP_LEN + 16];
@@ -211,11 +292,9 @@ cli_serve(int argc, char **argv)
                cli_fmt_addr(addr, sizeof(addr), c.mip, cli_metrics_port(ms)));
     printf("serving; Ctrl-C or SIGTERM stops it\n");
 
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0)
+    char b;
+    while (read(stop_pipe[0], &b, 1) < 0 && errno == EINTR)
         ;
-    printf("llmdd serve: %s: shutting down\n",
-           sig == SIGINT ? "SIGINT" : "SIGTERM");
     rc = CLI_EXIT_OK;
 out:
     cli_metrics_stop(ms); /* it reads dd */

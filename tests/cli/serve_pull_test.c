@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli_util.h"
 
@@ -152,6 +153,9 @@ test_serve_pull_verified(void **state)
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "SIGTERM: shutting down"));
     assert_non_null(strstr(r.out, "llmdd serve: stopped"));
+    /* The operator saw each decoder come and go. */
+    assert_non_null(strstr(r.err, "linked with cluster 8"));
+    assert_non_null(strstr(r.err, "link to cluster 8 dropped"));
     cu_result_free(&r);
 }
 
@@ -174,6 +178,39 @@ test_serve_unfilled_sigint(void **state)
     r = cu_stop(&s.bg, SIGINT, 20);
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "SIGINT: shutting down"));
+    cu_result_free(&r);
+}
+
+/* Ctrl-C during a long fill (4 GiB here) stops it at the next tensor:
+ * serve exits cleanly long before the fill would end. */
+static void
+test_sigint_stops_fill(void **state)
+{
+    (void)state;
+    char line[512];
+    cu_bg bg;
+    const char *args[] = {"serve",  "--listen",     "127.0.0.1:0",
+                          "--cluster-id", "7",      "--fill",
+                          "--num-layers", "16",     "--heads",
+                          "8",      "--head-dim",   "128",
+                          "--tokens", "4096",       "--batch",
+                          "8",      NULL};
+    cu_start(&bg, args);
+    assert_true(cu_wait_line(&bg, "filling", line, sizeof(line), 60));
+    assert_non_null(strstr(line, "filling 4 GiB of caches"));
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cu_result r = cu_stop(&bg, SIGINT, 20);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    long long took = (b.tv_sec - a.tv_sec) * 1000LL +
+                     (b.tv_nsec - a.tv_nsec) / 1000000;
+    if (r.code != 0 || strstr(r.out, "serving;") != NULL)
+        cu_dump("serve", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "SIGINT: shutting down"));
+    assert_null(strstr(r.out, "serving;")); /* it never started serving */
+    print_message("serve stopped %lld ms after SIGINT, mid-fill\n",
+                  took);
     cu_result_free(&r);
 }
 
@@ -245,6 +282,7 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_serve_pull_verified, teardown),
         cmocka_unit_test_teardown(test_serve_unfilled_sigint, teardown),
+        cmocka_unit_test_teardown(test_sigint_stops_fill, teardown),
         cmocka_unit_test_teardown(test_auth_token, teardown),
         cmocka_unit_test_teardown(test_pull_nobody_listening, teardown),
         cmocka_unit_test_teardown(test_serve_address_in_use, teardown),
