@@ -5,7 +5,12 @@ set -eu
 cd "$(git rev-parse --show-toplevel)"
 out=$(
     grep -rn '#include "ctrl/' src/core src/transport src/base || true
-    grep -rn '#include "\(core\|transport\|ctrl\)/' src/base || true
+    grep -rn '#include "\(core\|transport\|ctrl\|meta\)/' src/base || true
+    # The metadata client has no instance: base/ and its own files only;
+    # the core and the control plane use its one header, transports none.
+    grep -rn '#include "\(core\|transport\|ctrl\)/' src/meta || true
+    grep -rn '#include "meta/' src/core src/ctrl | grep -v '"meta/meta\.h"' || true
+    grep -rn '#include "meta/' src/transport || true
     grep -rn '#include "transport/[a-z]*/' src/core src/ctrl || true
     # The tool uses the public header only (its own headers beside it).
     grep -rn '#include "' src/cli | grep -v '"\(common\|bench\|cli_[a-z]*\)\.h"' || true

@@ -9,7 +9,8 @@
 set -eu
 
 pkgs="build-essential cmake pkg-config libcmocka-dev libcjson-dev libssl-dev
-libucx-dev ucx-utils gnuplot-nox iproute2 libmicrohttpd-dev
+libucx-dev ucx-utils gnuplot-nox iproute2 libmicrohttpd-dev libcurl4-openssl-dev
+etcd-server
 python3-pytest python3-numpy python3-torch python3-setuptools python3-pip
 libopenblas0-pthread"
 if [ "${1:-}" = "--ci" ]; then

@@ -596,6 +596,37 @@ LLMDD_API llmdd_status llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp,
                                      llmdd_tp_piece *out, size_t cap,
                                      size_t *count_out);
 
+/*
+ * Discovery (0.3, docs/model.md "Discovery"). With llm.MetadataServer
+ * (etcd://HOST:PORT[,HOST:PORT...], etcd's v3 JSON gateway over HTTP) set
+ * at llmdd_initialize:
+ *  - initialize reaches the server within 5 s or returns LLM_TIMEOUT;
+ *  - a listening instance publishes PREFIX/clusters/CLUSTER_ID
+ *    (llm.MetadataPrefix, default "llmdd": its listen address, role,
+ *    protocol version, transports, host boot id and pid) under a lease of
+ *    llm.MetadataLeaseMs that a metadata thread keeps alive; llmdd_set_role
+ *    publishes when it starts listening and removes the entry when it
+ *    stops; finalize revokes the lease. A wildcard listen address is
+ *    LLM_PARAM_INVALID. A cluster id published by a live instance is
+ *    LLM_PARAM_INVALID (one etcd transaction); the entry of a dead process
+ *    on this host (same boot id) is taken over;
+ *  - llmdd_link_clusters with num_remote_ip_infos == 0 looks the cluster
+ *    up: LLM_LINK_FAILED when it is not published, LLM_TIMEOUT when the
+ *    server does not answer within the call's timeout;
+ *  - a peer whose entry is deleted or expires loses its link (its requests
+ *    end with LLM_NOT_YET_LINK); an entry merely absent because the server
+ *    lost its data drops nothing, and every instance publishes again within
+ *    one lease period once the server is back.
+ * llmdd_metadata_list: every entry published under prefix (NULL: "llmdd")
+ * as a JSON array of the entries' objects, snprintf's convention for buf
+ * and cap (*len_out: the whole length); no instance needed. LLM_TIMEOUT
+ * when the server does not answer within timeout_ms.
+ */
+LLMDD_API llmdd_status llmdd_metadata_list(const char *server,
+                                           const char *prefix,
+                                           int32_t timeout_ms, char *buf,
+                                           size_t cap, size_t *len_out);
+
 #ifdef __cplusplus
 }
 #endif

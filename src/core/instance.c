@@ -367,13 +367,25 @@ llmdd_set_role(llmdd *dd, llmdd_role role, const llmdd_option *options,
     opts = dd->opts;
     opts.listen = false;
     opts.auth_token = NULL;
+    opts.meta_server = NULL;
     st = llmdd__options_apply(&opts, options, num_options);
     if (st == LLM_SUCCESS)
         st = transport_available(&opts);
     if (st != LLM_SUCCESS) {
         free(opts.auth_token);
+        free(opts.meta_server);
         goto out;
     }
+    /* The metadata server is the one initialize connected to. */
+    if (opts.meta_server != NULL ||
+        strcmp(opts.meta_prefix, dd->opts.meta_prefix) != 0 ||
+        opts.meta_lease_ms != dd->opts.meta_lease_ms)
+        log_warn("set_role: the llm.Metadata* options are initialize's; "
+                 "these are ignored");
+    free(opts.meta_server);
+    opts.meta_server = dd->opts.meta_server;
+    memcpy(opts.meta_prefix, dd->opts.meta_prefix, sizeof(opts.meta_prefix));
+    opts.meta_lease_ms = dd->opts.meta_lease_ms;
     if (opts.auth_token == NULL && dd->opts.auth_token != NULL)
         opts.auth_token = strdup(dd->opts.auth_token);
     pthread_mutex_unlock(&dd->lock);

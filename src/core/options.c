@@ -57,6 +57,8 @@ llmdd__options_fini(llmdd__options *o)
 {
     free(o->auth_token);
     o->auth_token = NULL;
+    free(o->meta_server);
+    o->meta_server = NULL;
 }
 
 static bool
@@ -243,6 +245,7 @@ parse_transport(const char *s, char *out)
 typedef struct {
     llmdd__options o;
     const char *token; /* llm.AuthToken, copied once every value is good */
+    const char *meta_server; /* llm.MetadataServer, likewise */
 } opt_apply;
 
 static llmdd_status
@@ -347,6 +350,36 @@ opt_hb_misses(opt_apply *a, const char *v)
     return LLM_SUCCESS;
 }
 
+static llmdd_status
+opt_meta_server(opt_apply *a, const char *v)
+{
+    if (llmdd__meta_server_parse(v, NULL, NULL) != LLM_SUCCESS)
+        return LLM_PARAM_INVALID;
+    a->meta_server = v;
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+opt_meta_prefix(opt_apply *a, const char *v)
+{
+    if (!llmdd__meta_prefix_valid(v))
+        return LLM_PARAM_INVALID;
+    strcpy(a->o.meta_prefix, v);
+    return LLM_SUCCESS;
+}
+
+static llmdd_status
+opt_meta_lease(opt_apply *a, const char *v)
+{
+    uint32_t ms;
+
+    if (llmdd__parse_u32(v, &ms) != LLM_SUCCESS ||
+        ms < LLMDD_META_LEASE_MIN_MS || ms > LLMDD_META_LEASE_MAX_MS)
+        return LLM_PARAM_INVALID;
+    a->o.meta_lease_ms = ms;
+    return LLM_SUCCESS;
+}
+
 uint32_t
 llmdd__user_timeout_ms(const llmdd__options *o)
 {
@@ -411,6 +444,20 @@ static const struct {
       "a peer silent for its announced interval times this is dead: its "
       "link is dropped"},
      opt_hb_misses},
+    {{LLMDD_OPT_META_SERVER, "etcd://HOST:PORT[,HOST:PORT...] (up to 8)", NULL,
+      "none",
+      "discovery through etcd's v3 JSON gateway: a listening instance "
+      "publishes itself under the prefix with a lease it keeps alive, a "
+      "cluster given without addresses is looked up there, and a peer whose "
+      "entry is deleted or expires loses its link"},
+     opt_meta_server},
+    {{LLMDD_OPT_META_PREFIX, "1..64 of [A-Za-z0-9._/-]", "llmdd", "llmdd",
+      "the key prefix: entries are PREFIX/clusters/CLUSTER_ID"},
+     opt_meta_prefix},
+    {{LLMDD_OPT_META_LEASE, "milliseconds 1000..3600000", "10000", "10000",
+      "the entry's lease, rounded up to whole seconds (the server's TTL is "
+      "logged); a dead instance's entry goes after it"},
+     opt_meta_lease},
     {{"llm.BufPoolCfg", "any", NULL, "-",
       OPT_ASCEND "the transfer buffer pool is Ascend's"},
      NULL},
@@ -460,7 +507,7 @@ llmdd_status
 llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
 {
     static atomic_bool logged[OPT_N];
-    opt_apply a = {.o = *o, .token = NULL};
+    opt_apply a = {.o = *o, .token = NULL, .meta_server = NULL};
     llmdd_status st;
 
     if (n > 0 && options == NULL)
@@ -488,12 +535,21 @@ llmdd__options_apply(llmdd__options *o, const llmdd_option *options, size_t n)
         }
     }
     options_resolve(&a);
-    if (a.token != NULL) {
-        char *copy = strdup(a.token);
-        if (copy == NULL)
-            return LLM_OUT_OF_MEMORY;
+    char *server = a.meta_server != NULL ? strdup(a.meta_server) : NULL;
+    char *token = a.token != NULL ? strdup(a.token) : NULL;
+    if ((a.meta_server != NULL && server == NULL) ||
+        (a.token != NULL && token == NULL)) {
+        free(server);
+        free(token);
+        return LLM_OUT_OF_MEMORY;
+    }
+    if (server != NULL) {
+        free(o->meta_server);
+        a.o.meta_server = server;
+    }
+    if (token != NULL) {
         free(o->auth_token);
-        a.o.auth_token = copy;
+        a.o.auth_token = token;
     }
     *o = a.o;
     return LLM_SUCCESS;

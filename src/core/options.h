@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 
 #include "base/net.h" /* llmdd__sockaddr */
+#include "meta/meta.h"   /* the metadata options' limits */
 
 #define LLMDD_OPT_LISTEN "llm.ListenIpInfo"
 #define LLMDD_OPT_DEVICE_ID "llm.DeviceId"
@@ -24,6 +25,9 @@
 #define LLMDD_OPT_TCP_LANES "llm.TcpLanes"
 #define LLMDD_OPT_HB_INTERVAL "llm.HeartbeatInterval"
 #define LLMDD_OPT_HB_MISSES "llm.HeartbeatMisses"
+#define LLMDD_OPT_META_SERVER "llm.MetadataServer"
+#define LLMDD_OPT_META_PREFIX "llm.MetadataPrefix"
+#define LLMDD_OPT_META_LEASE "llm.MetadataLeaseMs"
 
 /* Defaults are in options.c's table of keys (llmdd_option_info). */
 #define LLMDD_MAX_WAIT_MS 86400000u /* one day */
@@ -56,6 +60,9 @@ typedef struct {
     bool max_links_auto; /* llm.MaxLinks=auto: max_links follows tcp_lanes */
     uint32_t hb_ms;      /* llm.HeartbeatInterval; 0: this side sends none */
     uint32_t hb_misses;  /* llm.HeartbeatMisses */
+    char *meta_server;   /* llm.MetadataServer; NULL: none; owned */
+    char meta_prefix[LLMDD_META_PREFIX_MAX + 1]; /* llm.MetadataPrefix */
+    uint32_t meta_lease_ms;                      /* llm.MetadataLeaseMs */
 } llmdd__options;
 
 /*

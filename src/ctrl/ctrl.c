@@ -571,13 +571,21 @@ ctrl_start(llmdd *dd)
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (c->wake_fd < 0)
         goto err_free;
+    llmdd_status st = llmdd__disc_open(dd, c);
+    if (st != LLM_SUCCESS)
+        goto err_disc;
     dd->ctrl = c;
     if (pthread_create(&c->thread, NULL, ctrl_main, dd) != 0)
         goto err_wake;
     return LLM_SUCCESS;
 err_wake:
     dd->ctrl = NULL;
+    llmdd__disc_close(c);
+    st = LLM_FAILED;
+err_disc:
     close(c->wake_fd);
+    free(c);
+    return st;
 err_free:
     free(c);
     log_error("cannot start the control thread");
@@ -591,6 +599,7 @@ ctrl_stop(llmdd *dd)
 
     if (c == NULL)
         return;
+    llmdd__disc_close(c); /* its callback finds links: before they go */
     pthread_mutex_lock(&dd->lock);
     c->stop = true;
     pthread_mutex_unlock(&dd->lock);
@@ -612,7 +621,10 @@ listen_start(llmdd *dd)
     const llmdd__sockaddr *a = &dd->opts.listen_addr;
     char name[80];
     int fd, one = 1;
+    llmdd_status st = llmdd__disc_check_listen(dd);
 
+    if (st != LLM_SUCCESS)
+        return st;
     llmdd__sockaddr_str(a, name, sizeof(name));
     fd = socket(a->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
                 0);
@@ -625,6 +637,11 @@ listen_start(llmdd *dd)
         getsockname(fd, (struct sockaddr *)&bound.addr, &bound.len) != 0)
         goto err_close;
     llmdd__sockaddr_str(&bound, name, sizeof(name)); /* port 0: the real one */
+    /* Published before peers can find it, removed before it closes. */
+    if ((st = llmdd__disc_publish(dd, &bound)) != LLM_SUCCESS) {
+        close(fd);
+        return st;
+    }
     pthread_mutex_lock(&dd->lock);
     dd->ctrl->listen_fd = fd;
     dd->ctrl->bound = bound;
@@ -648,6 +665,11 @@ listen_stop(llmdd *dd)
 
     if (c == NULL)
         return;
+    pthread_mutex_lock(&dd->lock);
+    bool listening = c->listen_fd >= 0;
+    pthread_mutex_unlock(&dd->lock);
+    if (listening)
+        llmdd__disc_unpublish(dd);
     pthread_mutex_lock(&dd->lock);
     fd = c->listen_fd;
     c->listen_fd = -1;

@@ -12,6 +12,7 @@
 #include "base/net.h"
 #include "core/internal.h"
 #include "base/wire.h"
+#include "meta/meta.h"
 
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128
@@ -33,6 +34,9 @@ struct llmdd__ctrl {
      * listener is not polled until accept_resume (CLOCK_MONOTONIC ms). */
     int64_t accept_resume;
     int accept_backoff_ms;
+    /* Discovery (discovery.c): set from start to stop when
+     * llm.MetadataServer is; its own thread and locks. */
+    llmdd__meta *meta;
 };
 
 /*
@@ -98,5 +102,22 @@ llmdd_status llmdd__link_local_addr(const llmdd_cluster_info *ci,
  */
 llmdd_status llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci,
                                    int64_t deadline);
+
+/*
+ * Discovery (discovery.c), with llm.MetadataServer set: the metadata
+ * service starts with the plane (LLM_TIMEOUT when the server does not
+ * answer within LLMDD_META_INIT_MS) and stops with it; a listener is
+ * published once bound (LLM_PARAM_INVALID for a wildcard address or a
+ * cluster id a live instance holds) and removed before it closes; a
+ * cluster without addresses is looked up (LLM_LINK_FAILED, LLM_TIMEOUT).
+ * Without the option they do nothing (resolve: LLM_PARAM_INVALID).
+ */
+llmdd_status llmdd__disc_open(llmdd *dd, llmdd__ctrl *c);
+void llmdd__disc_close(llmdd__ctrl *c);
+llmdd_status llmdd__disc_check_listen(llmdd *dd);
+llmdd_status llmdd__disc_publish(llmdd *dd, const llmdd__sockaddr *bound);
+void llmdd__disc_unpublish(llmdd *dd);
+llmdd_status llmdd__disc_resolve(llmdd *dd, uint64_t cluster_id,
+                                 int64_t deadline, llmdd_ip_info *out);
 
 #endif

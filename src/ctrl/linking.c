@@ -72,7 +72,27 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
     }
     if (st != LLM_SUCCESS)
         return st;
-    st = llmdd__link_handshake(dd, ci, deadline);
+    /* Named by its cluster id alone: its address is looked up. */
+    llmdd_ip_info found;
+    llmdd_cluster_info named;
+    if (ci->num_remote_ip_infos == 0) {
+        st = llmdd__disc_resolve(dd, cluster, deadline, &found);
+        named = *ci;
+        named.remote_ip_infos = &found;
+        named.num_remote_ip_infos = 1;
+        ci = &named;
+        llmdd__sockaddr a, from;
+        if (st == LLM_SUCCESS &&
+            (llmdd__parse_ip_info(&found, &a) != LLM_SUCCESS ||
+             llmdd__link_local_addr(ci, &a, &from) != LLM_SUCCESS)) {
+            log_error("link to cluster %llu: its published address %s is "
+                      "of no use with these local_ip_infos",
+                      (unsigned long long)cluster, found.ip);
+            st = LLM_PARAM_INVALID;
+        }
+    }
+    if (st == LLM_SUCCESS)
+        st = llmdd__link_handshake(dd, ci, deadline);
     pthread_mutex_lock(&dd->lock);
     for (llmdd__linking **p = &dd->linking; *p != NULL; p = &(*p)->next) {
         if (*p == &me) {
@@ -180,8 +200,8 @@ link_job_main(void *arg)
 }
 
 static llmdd_status
-check_clusters(const llmdd_cluster_info *clusters, size_t n, llmdd_status *rets,
-               int32_t timeout_ms, bool need_addr)
+check_clusters(llmdd *dd, const llmdd_cluster_info *clusters, size_t n,
+               llmdd_status *rets, int32_t timeout_ms, bool need_addr)
 {
     if (clusters == NULL || rets == NULL || n == 0 || timeout_ms <= 0)
         return LLM_PARAM_INVALID;
@@ -189,8 +209,19 @@ check_clusters(const llmdd_cluster_info *clusters, size_t n, llmdd_status *rets,
         return LLM_CLUSTER_NUM_EXCEED_LIMIT;
     if (!need_addr)
         return LLM_SUCCESS;
+    pthread_mutex_lock(&dd->lock);
+    bool lookup = dd->ctrl != NULL && dd->ctrl->meta != NULL;
+    pthread_mutex_unlock(&dd->lock);
     for (size_t i = 0; i < n; i++) {
         llmdd__sockaddr a, from;
+        /* No address: looked up, with a metadata server (then the local
+         * address is checked against the address found). */
+        if (clusters[i].num_remote_ip_infos == 0 && lookup)
+            continue;
+        if (clusters[i].num_remote_ip_infos == 0)
+            log_error("link to cluster %llu: no address, and no "
+                      "llm.MetadataServer to look it up",
+                      (unsigned long long)clusters[i].remote_cluster_id);
         if (clusters[i].num_remote_ip_infos != 1 ||
             clusters[i].remote_ip_infos == NULL ||
             llmdd__parse_ip_info(&clusters[i].remote_ip_infos[0], &a) !=
@@ -244,7 +275,7 @@ llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
         return LLM_PARAM_INVALID;
     if (llmdd__ready(dd) != LLM_SUCCESS)
         return LLM_FAILED;
-    st = check_clusters(clusters, num_clusters, rets, timeout_ms, true);
+    st = check_clusters(dd, clusters, num_clusters, rets, timeout_ms, true);
     if (st != LLM_SUCCESS)
         return st;
     return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, false, false);
@@ -263,7 +294,7 @@ llmdd_unlink_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
         return LLM_FAILED;
     /* A link is known by its cluster id: addresses, when given, are not
      * used, so they are not checked either. */
-    st = check_clusters(clusters, num_clusters, rets, timeout_ms, false);
+    st = check_clusters(dd, clusters, num_clusters, rets, timeout_ms, false);
     if (st != LLM_SUCCESS)
         return st;
     return run_jobs(dd, clusters, num_clusters, rets, timeout_ms, true, force);

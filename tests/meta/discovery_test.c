@@ -1,0 +1,339 @@
+/*
+ * Discovery through a real etcd (docs/model.md, "Discovery"): each case
+ * starts its own etcd on loopback (etcd_util.c), prompts are peer_helper
+ * processes or instances of this process, the decoders are instances of
+ * this process. Cases: link and pull by cluster id only, prefixes kept
+ * apart, explicit addresses skipping the server, publishing that follows
+ * set_role; a duplicate cluster id, a wildcard listen address and an
+ * unreachable server refused at initialize, fail-over to a second endpoint;
+ * a stopped prompt's expired entry dropping the decoder's link, a killed
+ * prompt's entry gone within lease + 1 s and a restart on this host
+ * taking its entry over (cuts_peers); etcd restarted without its data
+ * (everyone back within a lease, links kept, a new decoder links) and
+ * stopped (links keep pulling, lookups LLM_TIMEOUT, finalize bounded); a
+ * hostile fake gateway.
+ */
+#include <signal.h>
+#include <string.h>
+
+#include "etcd_util.h"
+#include "mp.h"
+
+#define LEASE_MS 2000
+#define LEASE_OPT "llm.MetadataLeaseMs=2000"
+
+static te_etcd etcd;
+
+static int
+teardown(void **state)
+{
+    (void)state;
+    mp_reap_all();
+    te_fake_stop();
+    te_etcd_destroy(&etcd);
+    return 0;
+}
+
+/* A decoder of this process using the server under prefix (NULL: default). */
+static llmdd *
+decoder(uint64_t id, const char *server, const char *prefix)
+{
+    llmdd_option o[3] = {{"llm.MetadataServer", server},
+                         {"llm.MetadataPrefix", prefix ? prefix : "llmdd"},
+                         {"llm.MetadataLeaseMs", "2000"}};
+    return mp_decoder(id, o, 3);
+}
+
+static llmdd_status
+link_id(llmdd *dd, uint64_t cluster, int timeout_ms)
+{
+    llmdd_cluster_info ci = {.remote_cluster_id = cluster};
+    llmdd_status ret = LLM_FAILED;
+    llmdd_status st = llmdd_link_clusters(dd, &ci, 1, &ret, timeout_ms);
+    return st == LLM_SUCCESS ? ret : st;
+}
+
+/* Whether cluster id is published under prefix. */
+static bool
+listed(const char *prefix, uint64_t id)
+{
+    char buf[8192], want[48];
+    size_t len;
+
+    assert_int_equal(llmdd_metadata_list(etcd.server, prefix, 2000, buf,
+                                         sizeof(buf), &len),
+                     LLM_SUCCESS);
+    snprintf(want, sizeof(want), "\"cluster_id\":\"%llu\"",
+             (unsigned long long)id);
+    return strstr(buf, want) != NULL;
+}
+
+/* Waits until id is (or is not) listed; the ms it took, or -1. */
+static int64_t
+wait_listed(const char *prefix, uint64_t id, bool want, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    while (listed(prefix, id) != want) {
+        if (th_now_ms() - t0 > timeout_ms)
+            return -1;
+        th_sleep_ms(20);
+    }
+    return th_now_ms() - t0;
+}
+
+static th_proc *
+prompt(uint64_t id, const char *prefix_opt, const char *extra)
+{
+    const char *args[] = {"--role", "prompt", "--opt",     etcd.opt,
+                          "--opt",  LEASE_OPT, "--opt",    prefix_opt,
+                          extra ? "--opt" : NULL, extra,   NULL};
+    return mp_peer_start(id, args);
+}
+
+static void
+test_link_by_id(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    th_proc *p = prompt(11, "llm.MetadataPrefix=fleetA", NULL);
+    llmdd *a = decoder(100, etcd.server, "fleetA");
+    llmdd *b = decoder(101, etcd.server, "fleetB");
+
+    assert_true(listed("fleetA", 11));
+    assert_false(listed("fleetB", 11));
+    assert_false(listed(NULL, 11));
+    /* By id alone, then every byte of a pull. */
+    assert_int_equal(link_id(a, 11, 3000), LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(a, 11, p->ids.kv, 1), LLM_SUCCESS);
+    /* Another fleet's prefix does not see it; unknown ids are refused. */
+    assert_int_equal(link_id(b, 11, 3000), LLM_LINK_FAILED);
+    assert_int_equal(link_id(a, 99, 3000), LLM_LINK_FAILED);
+    /* Explicit addresses skip the server. */
+    assert_int_equal(th_link(b, 11, MP_IP, p->port, 3000), LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(b, 11, p->ids.kv, 1), LLM_SUCCESS);
+    llmdd_destroy(a);
+    llmdd_destroy(b);
+
+    /* Without a server, a cluster without addresses is a bad argument. */
+    llmdd *c = mp_decoder(102, NULL, 0);
+    assert_int_equal(link_id(c, 11, 1000), LLM_PARAM_INVALID);
+    llmdd_destroy(c);
+}
+
+static void
+test_refused_at_initialize(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    th_proc *p = prompt(12, "llm.MetadataPrefix=llmdd", NULL);
+    (void)p;
+    llmdd_option o[2] = {{"llm.MetadataServer", etcd.server},
+                         {"llm.ListenIpInfo", "127.0.0.1:0"}};
+    llmdd *dd;
+
+    /* A live instance holds 12 (another process of this host). */
+    assert_int_equal(llmdd_create(12, LLMDD_ROLE_PROMPT, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_PARAM_INVALID);
+    /* ... and one of this very process holds 13. */
+    llmdd *first;
+    assert_int_equal(llmdd_create(13, LLMDD_ROLE_PROMPT, &first), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(first, o, 2), LLM_SUCCESS);
+    llmdd_destroy(dd);
+    assert_int_equal(llmdd_create(13, LLMDD_ROLE_PROMPT, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_PARAM_INVALID);
+    llmdd_destroy(first);
+    assert_false(listed(NULL, 13)); /* finalize revoked it */
+    /* The id is free again. */
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_SUCCESS);
+    assert_true(listed(NULL, 13));
+    llmdd_destroy(dd);
+
+    /* A wildcard address cannot be published. */
+    o[1].value = "0.0.0.0:0";
+    assert_int_equal(llmdd_create(14, LLMDD_ROLE_PROMPT, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_PARAM_INVALID);
+
+    /* Nobody at the address: LLM_TIMEOUT, within the documented 5 s. */
+    int lfd;
+    uint16_t dead;
+    lfd = th_socket(false, &dead); /* held: nobody else takes the port */
+    char srv[160];
+    snprintf(srv, sizeof(srv), "etcd://127.0.0.1:%u", dead);
+    o[0].value = srv;
+    o[1].value = "127.0.0.1:0";
+    int64_t t0 = th_now_ms();
+    assert_int_equal(llmdd_initialize(dd, o, 2), LLM_TIMEOUT);
+    assert_true(th_now_ms() - t0 <= 5000 + 1000);
+    llmdd_destroy(dd);
+
+    /* Fail-over: the first endpoint refuses, the second answers. */
+    snprintf(srv, sizeof(srv), "etcd://127.0.0.1:%u,127.0.0.1:%u", dead,
+             etcd.client);
+    llmdd *d = decoder(100, srv, NULL);
+    assert_int_equal(link_id(d, 12, 3000), LLM_SUCCESS);
+    llmdd_destroy(d);
+    close(lfd);
+}
+
+static void
+test_set_role_publishes(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    llmdd_option o[1] = {{"llm.MetadataServer", etcd.server}};
+    llmdd_option listen[1] = {{"llm.ListenIpInfo", "127.0.0.1:0"}};
+    llmdd *dd;
+
+    assert_int_equal(llmdd_create(15, LLMDD_ROLE_DECODER, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, o, 1), LLM_SUCCESS);
+    assert_false(listed(NULL, 15)); /* not listening: not published */
+    assert_int_equal(llmdd_set_role(dd, LLMDD_ROLE_PROMPT, listen, 1),
+                     LLM_SUCCESS);
+    assert_true(listed(NULL, 15));
+    llmdd *d = decoder(100, etcd.server, NULL);
+    assert_int_equal(link_id(d, 15, 3000), LLM_SUCCESS);
+    llmdd_cluster_info ci = {.remote_cluster_id = 15};
+    llmdd_status ret;
+    assert_int_equal(llmdd_unlink_clusters(d, &ci, 1, &ret, 3000, false),
+                     LLM_SUCCESS);
+    assert_int_equal(llmdd_set_role(dd, LLMDD_ROLE_DECODER, NULL, 0),
+                     LLM_SUCCESS);
+    assert_false(listed(NULL, 15));
+    assert_int_equal(link_id(d, 15, 3000), LLM_LINK_FAILED);
+    llmdd_destroy(d);
+    llmdd_destroy(dd);
+}
+
+static void
+test_departures(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    /* No heartbeats from this prompt: only its lease can tell. */
+    th_proc *p = prompt(21, "llm.MetadataPrefix=llmdd",
+                        "llm.HeartbeatInterval=0");
+    llmdd *d = decoder(100, etcd.server, NULL);
+    assert_int_equal(link_id(d, 21, 3000), LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(d, 21, p->ids.kv, 1), LLM_SUCCESS);
+    mp_peer_stop(p);
+    int64_t t0 = th_now_ms();
+    while (llmdd_check_link(d, 21, 100) != LLM_NOT_YET_LINK)
+        assert_true(th_now_ms() - t0 <= LEASE_MS + 1000);
+    print_message("stopped prompt: link dropped after %lld ms\n",
+                  (long long)(th_now_ms() - t0));
+    assert_false(listed(NULL, 21));
+    assert_int_equal(mp_pull_status(d, 21, p->ids.kv), LLM_NOT_YET_LINK);
+    mp_peer_kill(p);
+
+    /* Killed: its entry is gone within lease + 1 s. */
+    p = prompt(22, "llm.MetadataPrefix=llmdd", NULL);
+    assert_int_equal(link_id(d, 22, 3000), LLM_SUCCESS);
+    mp_peer_kill(p);
+    int64_t ms = wait_listed(NULL, 22, false, LEASE_MS + 1000);
+    print_message("killed prompt: entry gone after %lld ms\n", (long long)ms);
+    assert_true(ms >= 0);
+
+    /* Killed and restarted on this host at once: it takes its entry over
+     * (its predecessor's lease still runs), and links by id work. */
+    p = prompt(23, "llm.MetadataPrefix=llmdd", "llm.MetadataLeaseMs=30000");
+    mp_peer_kill(p);
+    p = prompt(23, "llm.MetadataPrefix=llmdd", "llm.MetadataLeaseMs=30000");
+    assert_int_equal(link_id(d, 23, 3000), LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(d, 23, p->ids.kv, 1), LLM_SUCCESS);
+    llmdd_destroy(d);
+}
+
+static void
+test_server_restart(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    th_proc *p = prompt(31, "llm.MetadataPrefix=llmdd", NULL);
+    llmdd *d = decoder(100, etcd.server, NULL);
+    assert_int_equal(link_id(d, 31, 3000), LLM_SUCCESS);
+
+    /* Down: links keep pulling, lookups time out within their timeout. */
+    te_etcd_stop(&etcd, SIGKILL);
+    assert_int_equal(mp_pull_check(d, 31, p->ids.kv, 1), LLM_SUCCESS);
+    int64_t t0 = th_now_ms();
+    assert_int_equal(link_id(d, 32, 1500), LLM_TIMEOUT);
+    assert_true(th_now_ms() - t0 <= 1500 + 500);
+
+    /* Back without its data: everyone publishes again within a lease;
+     * the absence dropped no link. */
+    te_etcd_restart(&etcd, true);
+    int64_t ms = wait_listed(NULL, 31, true, LEASE_MS);
+    print_message("server back without its data: entry back after %lld ms\n",
+                  (long long)ms);
+    assert_true(ms >= 0);
+    assert_int_equal(mp_pull_check(d, 31, p->ids.kv, 1), LLM_SUCCESS);
+    llmdd *d2 = decoder(101, etcd.server, NULL);
+    assert_int_equal(link_id(d2, 31, 3000), LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(d2, 31, p->ids.kv, 1), LLM_SUCCESS);
+
+    /* Down again: a published instance finalizes in bounded time. */
+    llmdd *q;
+    llmdd_option o[2] = {{"llm.MetadataServer", etcd.server},
+                         {"llm.ListenIpInfo", "127.0.0.1:0"}};
+    assert_int_equal(llmdd_create(33, LLMDD_ROLE_PROMPT, &q), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(q, o, 2), LLM_SUCCESS);
+    te_etcd_stop(&etcd, SIGKILL);
+    t0 = th_now_ms();
+    llmdd_destroy(q);
+    llmdd_destroy(d2);
+    llmdd_destroy(d);
+    assert_true(th_now_ms() - t0 <= 3000);
+}
+
+static void
+test_hostile_gateway(void **state)
+{
+    (void)state;
+    llmdd *pr;
+    uint16_t port;
+    char srv[64];
+
+    assert_int_equal(llmdd_create(41, LLMDD_ROLE_PROMPT, &pr), LLM_SUCCESS);
+    assert_int_equal(th_init_listen(pr, MP_IP, &port, NULL, 0), LLM_SUCCESS);
+    static const struct {
+        enum te_fake_mode mode;
+        llmdd_status init, link;
+    } cases[] = {
+        {TE_FAKE_MALFORMED, LLM_FAILED, 0},
+        {TE_FAKE_OVERSIZED, LLM_FAILED, 0},
+        {TE_FAKE_HTTP404, LLM_FAILED, 0},
+        {TE_FAKE_BAD_VALUE, LLM_SUCCESS, LLM_LINK_FAILED},
+        {TE_FAKE_UNKNOWN, LLM_SUCCESS, LLM_SUCCESS},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint16_t f = te_fake_start(cases[i].mode, 41, MP_IP, port);
+        snprintf(srv, sizeof(srv), "etcd://127.0.0.1:%u", f);
+        llmdd_option o[1] = {{"llm.MetadataServer", srv}};
+        llmdd *d;
+        assert_int_equal(llmdd_create(100, LLMDD_ROLE_DECODER, &d),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_initialize(d, o, 1), cases[i].init);
+        if (cases[i].init == LLM_SUCCESS)
+            assert_int_equal(link_id(d, 41, 3000), cases[i].link);
+        llmdd_destroy(d);
+        assert_true(te_fake_count() > 0);
+        te_fake_stop();
+    }
+    llmdd_destroy(pr);
+}
+
+int
+main(int argc, char **argv)
+{
+    te_etcd_require();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_link_by_id, teardown),
+        cmocka_unit_test_teardown(test_refused_at_initialize, teardown),
+        cmocka_unit_test_teardown(test_set_role_publishes, teardown),
+        cmocka_unit_test_teardown(test_departures, teardown),
+        cmocka_unit_test_teardown(test_server_restart, teardown),
+        cmocka_unit_test_teardown(test_hostile_gateway, teardown),
+    };
+    th_test_filter(argc, argv);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,336 @@
+#include "etcd_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness/harness.h"
+#include "meta/meta.h" /* the entry encoder and base64, for the fake */
+
+#define ETCD_BIN "etcd"
+#define ETCD_READY_MS 20000
+
+static bool
+etcd_installed(void)
+{
+    const char *path = getenv("PATH");
+    char buf[512];
+
+    if (path == NULL)
+        path = "/usr/bin:/bin";
+    while (*path != '\0') {
+        size_t n = strcspn(path, ":");
+        snprintf(buf, sizeof(buf), "%.*s/" ETCD_BIN, (int)n, path);
+        if (access(buf, X_OK) == 0)
+            return true;
+        path += n;
+        if (*path == ':')
+            path++;
+    }
+    return false;
+}
+
+void
+te_etcd_require(void)
+{
+    if (!etcd_installed()) {
+        fprintf(stderr, "etcd is not installed (scripts/deps.sh installs "
+                        "etcd-server): skipped\n");
+        exit(TH_SKIP);
+    }
+}
+
+static void
+etcd_spawn(te_etcd *e)
+{
+    char data[160], log[160], curl[64], purl[64], cluster[96];
+
+    snprintf(data, sizeof(data), "%s/data", e->dir);
+    snprintf(log, sizeof(log), "%s/etcd.log", e->dir);
+    snprintf(curl, sizeof(curl), "http://127.0.0.1:%u", e->client);
+    snprintf(purl, sizeof(purl), "http://127.0.0.1:%u", e->peer);
+    snprintf(cluster, sizeof(cluster), "t=%s", purl);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    const char *argv[] = {ETCD_BIN,
+                          "--name", "t",
+                          "--data-dir", data,
+                          "--listen-client-urls", curl,
+                          "--advertise-client-urls", curl,
+                          "--listen-peer-urls", purl,
+                          "--initial-advertise-peer-urls", purl,
+                          "--initial-cluster", cluster,
+                          "--log-level", "warn",
+                          NULL};
+    e->pid = th_spawn(argv, (const int[3]){-1, fd, fd});
+    close(fd);
+    assert_true(e->pid > 0);
+    /* Ready when the library's own client gets an answer. */
+    int64_t deadline = th_now_ms() + ETCD_READY_MS;
+    char buf[16];
+    size_t len;
+    while (llmdd_metadata_list(e->server, "llmdd", 1000, buf, sizeof(buf),
+                               &len) != LLM_SUCCESS) {
+        int st;
+        if (waitpid(e->pid, &st, WNOHANG) == e->pid) {
+            e->pid = 0;
+            fail_msg("etcd exited; see %s", log);
+        }
+        if (th_now_ms() > deadline)
+            fail_msg("etcd did not answer within %d ms; see %s",
+                     ETCD_READY_MS, log);
+        th_sleep_ms(50);
+    }
+}
+
+void
+te_etcd_start(te_etcd *e)
+{
+    memset(e, 0, sizeof(*e));
+    snprintf(e->dir, sizeof(e->dir), "/tmp/llmdd-etcd-XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    e->client = th_free_port();
+    do
+        e->peer = th_free_port();
+    while (e->peer == e->client);
+    snprintf(e->server, sizeof(e->server), "etcd://127.0.0.1:%u", e->client);
+    snprintf(e->opt, sizeof(e->opt), "llm.MetadataServer=%s", e->server);
+    etcd_spawn(e);
+}
+
+void
+te_etcd_stop(te_etcd *e, int sig)
+{
+    if (e->pid <= 0)
+        return;
+    kill(e->pid, sig);
+    th_wait(e->pid, 10000, NULL);
+    e->pid = 0;
+}
+
+static void
+rm_data(te_etcd *e)
+{
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s/data'", e->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+void
+te_etcd_restart(te_etcd *e, bool wipe)
+{
+    te_etcd_stop(e, SIGKILL);
+    if (wipe)
+        rm_data(e);
+    etcd_spawn(e);
+}
+
+void
+te_etcd_destroy(te_etcd *e)
+{
+    char cmd[200];
+
+    te_etcd_stop(e, SIGKILL);
+    if (e->dir[0] != '\0') {
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", e->dir);
+        (void)!system(cmd);
+        e->dir[0] = '\0';
+    }
+}
+
+/* ---- The fake gateway. ---- */
+
+static struct {
+    int lfd;
+    int stop_pipe[2];
+    pthread_t thread;
+    enum te_fake_mode mode;
+    char entry_b64[LLMDD_META_VALUE_MAX * 2];
+    atomic_int count;
+} fake = {.lfd = -1};
+
+static void
+send_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void
+answer(int fd, int code, const char *body, size_t len)
+{
+    char hdr[160];
+    int n = snprintf(hdr, sizeof(hdr),
+                     "HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                     code, len);
+    send_all(fd, hdr, (size_t)n);
+    send_all(fd, body, len);
+}
+
+/* Reads a request (headers and a Content-Length body); its text. */
+static bool
+read_request(int fd, char *buf, size_t cap)
+{
+    size_t have = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 2000) <= 0)
+            return false;
+        ssize_t n = recv(fd, buf + have, cap - 1 - have, 0);
+        if (n <= 0)
+            return false;
+        have += (size_t)n;
+        buf[have] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (end == NULL)
+            continue;
+        const char *cl = strcasestr(buf, "Content-Length:");
+        size_t want = cl != NULL ? strtoul(cl + 15, NULL, 10) : 0;
+        if (have >= (size_t)(end + 4 - buf) + want || have + 1 >= cap)
+            return true;
+    }
+}
+
+static void
+serve_one(int fd)
+{
+    char req[8192], body[LLMDD_META_VALUE_MAX * 3];
+
+    if (!read_request(fd, req, sizeof(req)))
+        return;
+    atomic_fetch_add(&fake.count, 1);
+    switch (fake.mode) {
+    case TE_FAKE_MALFORMED:
+        snprintf(body, sizeof(body), "{\"header\":{\"revision\":\"3\"},\"kv");
+        answer(fd, 200, body, strlen(body));
+        break;
+    case TE_FAKE_OVERSIZED: {
+        size_t n = 2u << 20;
+        char *big = malloc(n);
+        memset(big, ' ', n);
+        memcpy(big, "{\"header\":{\"revision\":\"3\"},\"x\":\"", 33);
+        big[n - 2] = '"';
+        big[n - 1] = '}';
+        answer(fd, 200, big, n);
+        free(big);
+        break;
+    }
+    case TE_FAKE_HTTP404:
+        snprintf(body, sizeof(body),
+                 "{\"error\":\"Not Found\",\"code\":5,\"message\":\"nope\"}");
+        answer(fd, 404, body, strlen(body));
+        break;
+    case TE_FAKE_BAD_VALUE:
+    case TE_FAKE_UNKNOWN: {
+        bool unknown = fake.mode == TE_FAKE_UNKNOWN;
+        const char *value = unknown ? fake.entry_b64 : "bm90IGFuIGVudHJ5"; /* "not an entry" */
+        if (strstr(req, "/v3/watch") != NULL) {
+            /* One created message, then the stream ends. */
+            snprintf(body, sizeof(body),
+                     "{\"result\":{\"header\":{\"revision\":\"3\"},"
+                     "\"created\":true,\"zz\":[1]}}\n");
+        } else if (strstr(req, "count_only") != NULL) {
+            snprintf(body, sizeof(body),
+                     "{\"header\":{\"revision\":\"3\",\"future\":1},"
+                     "\"count\":\"1\",\"more\":{\"a\":[]}}");
+        } else {
+            snprintf(body, sizeof(body),
+                     "{\"header\":{\"revision\":\"3\"},\"kvs\":[{\"key\":"
+                     "\"eA==\",\"value\":\"%s\",\"mod_revision\":\"2\","
+                     "\"extra\":{\"deep\":[1,2,{\"x\":null}]}}],"
+                     "\"count\":\"1\",\"unknown\":true}",
+                     value);
+        }
+        answer(fd, 200, body, strlen(body));
+        break;
+    }
+    }
+}
+
+static void *
+fake_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fake.lfd, .events = POLLIN},
+                              {.fd = fake.stop_pipe[0], .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            continue;
+        if (p[1].revents)
+            break;
+        int fd = accept4(fake.lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        serve_one(fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+uint16_t
+te_fake_start(enum te_fake_mode mode, uint64_t cluster, const char *ip,
+              uint16_t port)
+{
+    uint16_t fport;
+    llmdd__meta_entry e;
+    char json[LLMDD_META_VALUE_MAX];
+
+    memset(&e, 0, sizeof(e));
+    e.cluster_id = cluster;
+    e.role = 1;
+    e.protocol = 2;
+    e.pid = 1;
+    e.nonce = 7;
+    e.naddrs = 1;
+    snprintf(e.addrs[0].ip, sizeof(e.addrs[0].ip), "%s", ip ? ip : "127.0.0.1");
+    e.addrs[0].port = port ? port : 1;
+    size_t n = llmdd__meta_entry_encode(&e, json, sizeof(json));
+    assert_true(n > 2);
+    /* Fields a later version might add: ignored. */
+    char more[LLMDD_META_VALUE_MAX + 64];
+    snprintf(more, sizeof(more),
+             "{\"later\":{\"x\":[1,\"y\"]},\"zone\":\"a\",%s", json + 1);
+    llmdd__b64_encode(more, strlen(more), fake.entry_b64,
+                      sizeof(fake.entry_b64));
+    fake.mode = mode;
+    atomic_store(&fake.count, 0);
+    fake.lfd = th_socket(true, &fport);
+    assert_int_equal(pipe2(fake.stop_pipe, O_CLOEXEC), 0);
+    assert_int_equal(pthread_create(&fake.thread, NULL, fake_main, NULL), 0);
+    return fport;
+}
+
+void
+te_fake_stop(void)
+{
+    if (fake.lfd < 0)
+        return;
+    (void)!write(fake.stop_pipe[1], "x", 1);
+    pthread_join(fake.thread, NULL);
+    close(fake.stop_pipe[0]);
+    close(fake.stop_pipe[1]);
+    close(fake.lfd);
+    fake.lfd = -1;
+}
+
+int
+te_fake_count(void)
+{
+    return atomic_load(&fake.count);
+}
