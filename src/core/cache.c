@@ -715,6 +715,15 @@ llmdd__cache_get(llmdd *dd, int64_t id)
     return c;
 }
 
+bool
+llmdd__cache_removed(llmdd *dd, const llmdd__cache *c)
+{
+    pthread_mutex_lock(&dd->lock);
+    bool dead = c->dead;
+    pthread_mutex_unlock(&dd->lock);
+    return dead;
+}
+
 void
 llmdd__cache_put(llmdd *dd, llmdd__cache *c)
 {

@@ -99,6 +99,13 @@ typedef struct llmdd__link {
      * its notification window, and (from a server) the data connections it
      * serves each way. */
     llmdd__link_terms terms;
+    /* The instance's options a transport needs, as they were when the link
+     * was made: transports read these, never dd->opts (dd->lock's). */
+    struct {
+        uint32_t wait_ms;
+        int tcp_lanes;
+        char transport[LLMDD_TRANSPORT_NAME_MAX]; /* "auto" or a name */
+    } opts;
     const llmdd_transport_ops *ops;
     bool forced;         /* ops was named by one side, not picked by auto */
     void *tp;            /* transport state */
@@ -312,6 +319,8 @@ void llmdd__caches_fini(llmdd *dd); /* dd->lock held; waits for refs */
 /* Looks up a live cache and takes a reference; NULL when unknown. */
 llmdd__cache *llmdd__cache_get(llmdd *dd, int64_t id);
 void llmdd__cache_put(llmdd *dd, llmdd__cache *c);
+/* Whether the owner has removed c (deallocated or unregistered it). */
+bool llmdd__cache_removed(llmdd *dd, const llmdd__cache *c);
 /*
  * Drops a reference that stood for another process's access to the
  * cache's memory (a transport's lease) when that process did not confirm
@@ -375,6 +384,8 @@ llmdd_status llmdd__link_publish(llmdd *dd, llmdd__link *link);
 size_t llmdd__links_served(const llmdd *dd);
 llmdd__link *llmdd__link_get(llmdd *dd, uint64_t cluster_id);
 void llmdd__link_put(llmdd__link *link);
+/* One more reference to a link already referenced (a thread it spawns). */
+void llmdd__link_hold(llmdd__link *link);
 /* Marks the link dead, removes it from the table and wakes its users. */
 void llmdd__link_drop(llmdd__link *link, const char *why);
 /*

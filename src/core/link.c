@@ -37,6 +37,12 @@ llmdd__link_new(llmdd *dd, const llmdd__peer *peer, bool client, int ctrl_fd)
     link->ctrl_fd = ctrl_fd;
     link->refs = 1;
     link->last_tx_ms = llmdd__now_ms();
+    pthread_mutex_lock(&dd->lock);
+    link->opts.wait_ms = dd->opts.wait_ms;
+    link->opts.tcp_lanes = dd->opts.tcp_lanes;
+    memcpy(link->opts.transport, dd->opts.transport,
+           sizeof(link->opts.transport));
+    pthread_mutex_unlock(&dd->lock);
     pthread_mutex_init(&link->rc_lock, NULL);
     pthread_mutex_init(&link->out_lock, NULL);
     if (llmdd__notify_link_init(link) != 0) {
@@ -95,6 +101,14 @@ llmdd__link_find_token(llmdd *dd, const uint8_t *token)
         link->refs++;
     pthread_mutex_unlock(&dd->lock);
     return link;
+}
+
+void
+llmdd__link_hold(llmdd__link *link)
+{
+    pthread_mutex_lock(&link->dd->lock);
+    link->refs++;
+    pthread_mutex_unlock(&link->dd->lock);
 }
 
 void

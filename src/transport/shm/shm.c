@@ -68,22 +68,11 @@
 
 /* ---- Small helpers. ---- */
 
+/* This side named shm (llm.Transport=shm): no fallback to tcp. */
 static bool
-shm_forced(llmdd *dd)
+shm_forced(const llmdd__link *link)
 {
-    pthread_mutex_lock(&dd->lock);
-    bool forced = strcmp(dd->opts.transport, "shm") == 0;
-    pthread_mutex_unlock(&dd->lock);
-    return forced;
-}
-
-int64_t
-llmdd__shm_wait_ms(llmdd *dd)
-{
-    pthread_mutex_lock(&dd->lock);
-    int64_t ms = dd->opts.wait_ms;
-    pthread_mutex_unlock(&dd->lock);
-    return ms;
+    return strcmp(link->opts.transport, "shm") == 0;
 }
 
 /* Waits on sl->cond until deadline (CLOCK_MONOTONIC ms); lock held. */
@@ -378,7 +367,7 @@ shm_accept_sock(shm_link *sl, bool want)
         sl->nosock = true;
         pthread_cond_broadcast(&sl->cond);
         pthread_mutex_unlock(&sl->lock);
-        if (shm_forced(link->dd)) {
+        if (shm_forced(link)) {
             log_error("shm: cluster %llu cannot use our socket and "
                       "llm.Transport=shm; dropping the link",
                       cid);
@@ -465,7 +454,7 @@ shm_client_init(shm_link *sl)
     const char *why = shm_connect_sock(sl, &err);
 
     if (why != NULL) {
-        if (shm_forced(link->dd)) {
+        if (shm_forced(link)) {
             log_error("shm: cluster %llu: %s %s%s%s; llm.Transport=shm needs "
                       "it",
                       cid, why, sl->path, err ? ": " : "",
@@ -508,9 +497,7 @@ shm_client_init(shm_link *sl)
     pthread_mutex_lock(&sl->lock);
     sl->ready = true;
     pthread_mutex_unlock(&sl->lock);
-    pthread_mutex_lock(&link->dd->lock);
-    link->refs++;
-    pthread_mutex_unlock(&link->dd->lock);
+    llmdd__link_hold(link);
     if (llmdd__spawn(link->dd, llmdd__shm_reader_main, sl) != 0) {
         llmdd__link_put(link);
         return LLM_LINK_FAILED;

@@ -138,7 +138,6 @@ typedef struct {
 } shm_msg;
 
 /* shm.c */
-int64_t llmdd__shm_wait_ms(llmdd *dd);
 void llmdd__shm_cond_wait(shm_link *sl, int64_t deadline);
 int llmdd__shm_poll(shm_link *sl, int fd, short events, int64_t deadline,
                     bool wake);

@@ -305,7 +305,7 @@ llmdd__shm_cache_removed(llmdd__link *link, const llmdd__cache *cache)
     llmdd__stream_cache_removed(sl->stream, cache);
     memset(&w, 0, sizeof(w));
     llmdd__put_i64(&pw, cache->id);
-    int64_t deadline = llmdd__now_ms() + llmdd__shm_wait_ms(link->dd);
+    int64_t deadline = llmdd__now_ms() + link->opts.wait_ms;
     pthread_mutex_lock(&sl->expose_lock);
     for (size_t i = 0; i < sl->nleases && !leased; i++)
         leased = sl->leases[i].id == cache->id;

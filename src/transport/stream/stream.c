@@ -554,9 +554,7 @@ rev_open(llmdd__stream *s, int64_t deadline)
     }
     a->s = s;
     a->fd = fd;
-    pthread_mutex_lock(&link->dd->lock);
-    link->refs++;
-    pthread_mutex_unlock(&link->dd->lock);
+    llmdd__link_hold(link);
     if (llmdd__spawn(link->dd, serve_main, a) != 0) {
         close(fd);
         free(a);
@@ -667,11 +665,7 @@ serving(const llmdd__stream *s, int64_t cache_id)
 void
 llmdd__stream_cache_removed(llmdd__stream *s, const llmdd__cache *cache)
 {
-    llmdd *dd = s->link->dd;
-
-    pthread_mutex_lock(&dd->lock);
-    uint32_t wait_ms = dd->opts.wait_ms;
-    pthread_mutex_unlock(&dd->lock);
+    uint32_t wait_ms = s->link->opts.wait_ms;
     int64_t deadline = llmdd__now_ms() + wait_ms;
 
     pthread_mutex_lock(&s->lock);

@@ -22,9 +22,7 @@
 static int
 tcp_lanes(const llmdd__link *link)
 {
-    pthread_mutex_lock(&link->dd->lock);
-    int lanes = link->dd->opts.tcp_lanes;
-    pthread_mutex_unlock(&link->dd->lock);
+    int lanes = link->opts.tcp_lanes;
     if (lanes > 0)
         return lanes;
     return llmdd__sockaddr_loopback(&link->peer.addr) ? 1

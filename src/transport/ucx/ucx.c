@@ -396,9 +396,7 @@ ucx_link_init(llmdd__link *link, bool client)
     }
     a->ul = ul;
     a->fd = rev;
-    pthread_mutex_lock(&dd->lock);
-    link->refs++;
-    pthread_mutex_unlock(&dd->lock);
+    llmdd__link_hold(link);
     if (llmdd__spawn(dd, llmdd__ucx_serve_main, a) != 0) {
         close(rev);
         free(a);

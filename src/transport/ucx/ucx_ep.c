@@ -390,9 +390,7 @@ llmdd__ucx_progress_start(ucx_link *ul)
 {
     llmdd__link *link = ul->link;
 
-    pthread_mutex_lock(&link->dd->lock);
-    link->refs++;
-    pthread_mutex_unlock(&link->dd->lock);
+    llmdd__link_hold(link);
     pthread_mutex_lock(&ul->lock);
     ul->progress_started = true;
     pthread_mutex_unlock(&ul->lock);

@@ -191,9 +191,7 @@ ucx_serve_query(ucx_link *ul, int fd, const uint8_t *buf, size_t len)
 
     /* The owner may have removed it meanwhile: then cache_removed either
      * waits for us (the entry is busy) or has passed and never saw it. */
-    pthread_mutex_lock(&dd->lock);
-    dead = c->dead;
-    pthread_mutex_unlock(&dd->lock);
+    dead = llmdd__cache_removed(dd, c);
     if (dead)
         st = LLM_KV_CACHE_NOT_EXIST;
     if (st == LLM_SUCCESS) {
