@@ -179,6 +179,12 @@ constexpr const char OPTION_BUF_POOL_CFG[] = "llm.BufPoolCfg";
 constexpr const char OPTION_ENABLE_SET_ROLE[] = "llm.EnableSwitchRole";
 constexpr const char OPTION_LOCAL_COMM_RES[] = "llm.LocalCommRes";
 constexpr const char OPTION_TRANSFER_BACKEND[] = "llm.TransferBackend";
+/* llmdd's discovery through etcd (docs/model.md, "Discovery"): with the
+ * server set, a ClusterInfo without remote_ip_infos is looked up by its
+ * remote_cluster_id. */
+constexpr const char OPTION_METADATA_SERVER[] = "llm.MetadataServer";
+constexpr const char OPTION_METADATA_PREFIX[] = "llm.MetadataPrefix";
+constexpr const char OPTION_METADATA_LEASE_MS[] = "llm.MetadataLeaseMs";
 
 struct IpInfo {
     AscendString ip;

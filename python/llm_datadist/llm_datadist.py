@@ -46,8 +46,9 @@ def _clusters(clusters, need_addr):
     for c in clusters:
         raise_if_false(c.remote_cluster_id is not None, "remote_cluster_id is not set")
         if need_addr:
-            raise_if_false(len(c.remote_ip_info_list) == 1,
-                           "a cluster needs exactly one remote ip info "
+            # None: looked up by cluster id (llm.MetadataServer).
+            raise_if_false(len(c.remote_ip_info_list) <= 1,
+                           "a cluster takes at most one remote ip info "
                            "(append_remote_ip_info)")
         ci = llmdd.ClusterInfo(c.remote_cluster_id,
                                c.remote_ip_info_list[0] if c.remote_ip_info_list else None,

@@ -21,6 +21,7 @@ __version__ = _lib.llmdd_version().decode()     # the library's, not a copy
 __all__ = ["Status", "LlmddError", "RequestTimeout", "status_str", "Role", "Placement",
            "DataType", "CacheDesc", "CacheIndex", "ClusterInfo", "Cache", "Request",
            "Instance", "version", "transport_list", "transport_info", "library_path",
+           "metadata_list",
            "XFER_LAYERWISE", "NOTIFY_MAX", "KEY_MAX", "MAX_DIMS"] + [s.name for s in Status]
 
 
@@ -40,3 +41,25 @@ def transport_info(name):
         raise TypeError("name must be a str")
     s = _lib.llmdd_transport_info(name.encode())
     return None if s is None else s.decode()
+
+
+def metadata_list(server, prefix="llmdd", timeout_ms=5000):
+    """The clusters published in etcd (server: "etcd://host:port[,...]")
+    under prefix, as a list of dicts (cluster_id, role, addrs, transports,
+    pid, ...). Raises LlmddError (LLM_TIMEOUT: the server did not answer)."""
+    import ctypes
+    import json
+    from ._status import check
+    if not isinstance(server, str) or not isinstance(prefix, str):
+        raise TypeError("server and prefix must be str")
+    n = ctypes.c_size_t(0)
+    check(_lib.llmdd_metadata_list(server.encode(), prefix.encode(), int(timeout_ms),
+                                   None, 0, ctypes.byref(n)), "metadata_list")
+    while True:
+        cap = n.value + 4096
+        buf = ctypes.create_string_buffer(cap)
+        check(_lib.llmdd_metadata_list(server.encode(), prefix.encode(),
+                                       int(timeout_ms), buf, cap, ctypes.byref(n)),
+              "metadata_list")
+        if n.value < cap:
+            return json.loads(buf.value.decode())

@@ -217,8 +217,9 @@ class Instance:
         for i, c in enumerate(clusters):
             if not isinstance(c, ClusterInfo):
                 raise TypeError(f"clusters[{i}] must be a ClusterInfo")
-            if need_addr and len(c.remote_addrs) != 1:
-                raise ValueError(f"clusters[{i}]: exactly one remote address needed")
+            # No address: looked up by cluster id (llm.MetadataServer).
+            if need_addr and len(c.remote_addrs) > 1:
+                raise ValueError(f"clusters[{i}]: at most one remote address")
             r, nr = _ip_array(c.remote_addrs)
             lo, nl = _ip_array(c.local_addrs)
             keep += [r, lo]
@@ -248,8 +249,10 @@ class Instance:
             raise e
         return rets
 
-    def link(self, remote_cluster_id, remote_addr, timeout_ms=3000):
-        """Links one peer listening at remote_addr ("host:port")."""
+    def link(self, remote_cluster_id, remote_addr=None, timeout_ms=3000):
+        """Links one peer listening at remote_addr ("host:port"); without
+        one, its address is looked up by cluster id in the metadata server
+        (llm.MetadataServer)."""
         self.link_clusters([ClusterInfo(remote_cluster_id, remote_addr)], timeout_ms)
 
     def unlink_clusters_status(self, clusters, timeout_ms=3000, force=False):

@@ -208,6 +208,8 @@ _proto("llmdd_lookup_remote_key", status_t, _vp, ctypes.c_uint64, ctypes.c_char_
        ctypes.c_size_t, _P(CacheIndexC))
 _proto("llmdd_metrics_text", ctypes.c_size_t, _vp, ctypes.c_char_p, ctypes.c_size_t)
 _proto("llmdd_listen_address", status_t, _vp, _P(IpInfoC))
+_proto("llmdd_metadata_list", status_t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+       ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_size_t))
 _proto("llmdd_check_link", status_t, _vp, ctypes.c_uint64, ctypes.c_int32)
 _proto("llmdd_completion_fd", ctypes.c_int, _vp)
 _proto("llmdd_get_completions", status_t, _vp, _P(_vp), ctypes.c_size_t,

@@ -461,8 +461,13 @@ cli_link(llmdd *dd, uint64_t cluster_id, const char *ip, uint16_t port,
          int timeout_ms, char *err, size_t cap)
 {
     llmdd_ip_info ipi;
-    llmdd_cluster_info ci = cm_cluster(cluster_id, &ipi, ip, port);
+    llmdd_cluster_info ci = cm_cluster(cluster_id, &ipi, ip ? ip : "", port);
     llmdd_status rets[1] = {LLM_FAILED};
+
+    if (ip == NULL) { /* by cluster id: looked up (llm.MetadataServer) */
+        ci.remote_ip_infos = NULL;
+        ci.num_remote_ip_infos = 0;
+    }
     llmdd_status st = llmdd_link_clusters(dd, &ci, 1, rets, timeout_ms);
 
     char a[LLMDD_IP_LEN + 16];
@@ -470,7 +475,8 @@ cli_link(llmdd *dd, uint64_t cluster_id, const char *ip, uint16_t port,
     if (st != LLM_SUCCESS)
         cli_fmt_st(err, cap, rets[0] != LLM_SUCCESS ? rets[0] : st,
                    "llmdd_link_clusters(cluster %" PRIu64 " at %s)", cluster_id,
-                   cli_fmt_addr(a, sizeof(a), ip, port));
+                   ip ? cli_fmt_addr(a, sizeof(a), ip, port)
+                      : "the address the metadata server has");
     return st;
 }
 
@@ -511,6 +517,8 @@ cli_memory_fits(uint64_t bytes, const char *hint)
 static const struct option ca_lib_longopts[] = {
     {"transport", required_argument, NULL, 't'},
     {"option", required_argument, NULL, 'o'},
+    {"metadata", required_argument, NULL, CLI_OPT_METADATA},
+    {"metadata-prefix", required_argument, NULL, CLI_OPT_METADATA_PREFIX},
 };
 static const struct option ca_shape_longopts[] = {CLI_SHAPE_LONGOPTS};
 static const struct option ca_seed_longopt = {"seed", required_argument, NULL,
@@ -543,6 +551,24 @@ ca_shared(const cli_args *a, int opt, const char *arg, int *rc)
         if (!cli_add_option(a->lo, arg))
             *rc = cli_usage_err("-o wants KEY=VALUE, got \"%s\"", arg);
         return true;
+    case CLI_OPT_METADATA:
+    case CLI_OPT_METADATA_PREFIX: {
+        char kv[1200];
+        bool server = opt == CLI_OPT_METADATA;
+        if (a->lo == NULL)
+            return false;
+        if (strlen(arg) >= sizeof(a->lo->metadata)) {
+            *rc = cli_usage_err("--metadata: too long");
+            return true;
+        }
+        snprintf(kv, sizeof(kv), "%s=%s",
+                 server ? "llm.MetadataServer" : "llm.MetadataPrefix", arg);
+        if (server)
+            snprintf(a->lo->metadata, sizeof(a->lo->metadata), "%s", arg);
+        if (!cli_add_option(a->lo, kv))
+            *rc = cli_usage_err("too many options");
+        return true;
+    }
     case CLI_OPT_SEED:
         if (a->seed == NULL)
             return false;

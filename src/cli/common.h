@@ -100,6 +100,8 @@ typedef struct {
     char host_pool[96]; /* llm.HostMemPoolConfig the tool chose, or "" */
     llmdd_option user[CLI_MAX_OPTIONS]; /* -o KEY=VALUE, applied last */
     size_t nuser;
+    /* --metadata etcd://...: llm.MetadataServer (also among user), or "" */
+    char metadata[1100];
 } cli_lib_opts;
 
 void cli_lib_opts_init(cli_lib_opts *lo);
@@ -161,6 +163,8 @@ enum {
     CLI_OPT_BLOCK_TOKENS,
     CLI_OPT_SEED,
     CLI_OPT_TIMEOUT,
+    CLI_OPT_METADATA,
+    CLI_OPT_METADATA_PREFIX,
     CLI_OPT_FIRST_FREE /* subcommands number their own options from here */
 };
 

@@ -8,19 +8,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common.h"
 
 static const char info_usage[] =
     "Usage: llmdd info [--no-probe]\n"
+    "       llmdd info --metadata etcd://HOST:PORT[,...] [--metadata-prefix "
+    "P]\n"
     "\n"
     "Prints the library version, the transports compiled in and whether\n"
     "each is usable here (two instances of this process link over it and\n"
     "pull a small verified cache), every option key with its default and\n"
     "meaning, and the environment variables.\n"
     "\n"
+    "With --metadata it lists the clusters published in etcd under the\n"
+    "prefix (default llmdd) instead: id, role, address, transports, pid.\n"
+    "\n"
     "Options:\n"
     "      --no-probe  list the transports without trying them\n"
+    "      --metadata etcd://HOST:PORT[,HOST:PORT...]  the etcd to list\n"
+    "      --metadata-prefix P  the fleet's key prefix\n"
     "  -h, --help      this text\n";
+
+typedef struct {
+    bool probe;
+    const char *metadata, *prefix;
+} info_cfg;
 
 static const struct {
     const char *name, *def, *meaning;
@@ -168,11 +182,87 @@ enum { OPT_NO_PROBE = CLI_OPT_FIRST_FREE };
 static int
 info_opt(void *ctx, int opt, const char *arg)
 {
-    (void)arg;
-    if (opt != OPT_NO_PROBE)
+    info_cfg *c = ctx;
+
+    if (opt == OPT_NO_PROBE)
+        c->probe = false;
+    else if (opt == CLI_OPT_METADATA)
+        c->metadata = arg;
+    else if (opt == CLI_OPT_METADATA_PREFIX)
+        c->prefix = arg;
+    else
         return cli_usage_err("bad option");
-    *(bool *)ctx = false;
     return 0;
+}
+
+static const char *const info_roles[] = {"?", "prompt", "decoder", "mix"};
+
+/* Prints each entry of the library's JSON array; how many. */
+static int
+info_print_entries(const char *json)
+{
+    cJSON *arr = cJSON_Parse(json);
+    const cJSON *e;
+    int n = 0;
+
+    cJSON_ArrayForEach(e, arr)
+    {
+        const char *id = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(e, "cluster_id"));
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+        const cJSON *pid = cJSON_GetObjectItemCaseSensitive(e, "pid");
+        const cJSON *a = cJSON_GetArrayItem(
+            cJSON_GetObjectItemCaseSensitive(e, "addrs"), 0);
+        const char *ip =
+            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "ip"));
+        const cJSON *port = cJSON_GetObjectItemCaseSensitive(a, "port");
+        char addr[LLMDD_IP_LEN + 16], tps[128] = "";
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(e, "transports"))
+        {
+            const char *name = cJSON_GetStringValue(t);
+            size_t l = strlen(tps);
+            if (name != NULL && l + strlen(name) + 2 < sizeof(tps))
+                snprintf(tps + l, sizeof(tps) - l, "%s%s", l ? "," : "",
+                         name);
+        }
+        int r = cJSON_IsNumber(role) ? role->valueint : 0;
+        cli_fmt_addr(addr, sizeof(addr), ip ? ip : "?",
+                     cJSON_IsNumber(port) ? (uint16_t)port->valueint : 0);
+        printf("  cluster %-20s %-8s %-24s transports %s, pid %d\n",
+               id ? id : "?", info_roles[r >= 1 && r <= 3 ? r : 0], addr,
+               tps[0] ? tps : "-", cJSON_IsNumber(pid) ? pid->valueint : 0);
+        n++;
+    }
+    cJSON_Delete(arr);
+    return n;
+}
+
+/* llmdd info --metadata: the published clusters, one a line. */
+static int
+info_metadata(const info_cfg *c)
+{
+    size_t len = 0;
+    llmdd_status st =
+        llmdd_metadata_list(c->metadata, c->prefix, 5000, NULL, 0, &len);
+    char *buf = st == LLM_SUCCESS ? malloc(len + 64) : NULL;
+
+    if (st == LLM_SUCCESS && buf == NULL)
+        st = LLM_OUT_OF_MEMORY;
+    if (st == LLM_SUCCESS)
+        st = llmdd_metadata_list(c->metadata, c->prefix, 5000, buf, len + 64,
+                                 &len);
+    if (st != LLM_SUCCESS) {
+        cli_err_st(st, "llmdd_metadata_list(%s)", c->metadata);
+        free(buf);
+        return CLI_EXIT_FAIL;
+    }
+    printf("Clusters published under %s/clusters/ in %s:\n",
+           c->prefix ? c->prefix : "llmdd", c->metadata);
+    int n = info_print_entries(buf);
+    printf("%d cluster%s\n", n, n == 1 ? "" : "s");
+    free(buf);
+    return CLI_EXIT_OK;
 }
 
 int
@@ -180,14 +270,21 @@ cli_info(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"no-probe", no_argument, NULL, OPT_NO_PROBE},
+        {"metadata", required_argument, NULL, CLI_OPT_METADATA},
+        {"metadata-prefix", required_argument, NULL, CLI_OPT_METADATA_PREFIX},
         {NULL, 0, NULL, 0},
     };
     const cli_args a = {.usage = info_usage};
-    bool probe = true;
-    int rc = cli_args_parse(&a, longopts, NULL, info_opt, &probe, argc, argv);
+    info_cfg cfg = {.probe = true};
+    int rc = cli_args_parse(&a, longopts, NULL, info_opt, &cfg, argc, argv);
 
     if (rc != 0)
         return rc < 0 ? CLI_EXIT_OK : rc;
+    if (cfg.metadata != NULL)
+        return info_metadata(&cfg);
+    if (cfg.prefix != NULL)
+        return cli_usage_err("--metadata-prefix goes with --metadata");
+    bool probe = cfg.probe;
     /* The probes' own links and pulls are not the user's: their warnings
      * (UCX's over tcp, say) would read as problems of this host. A failed
      * probe prints its status on its own line. */

@@ -23,11 +23,13 @@ cm_hint(llmdd_status st)
     case LLM_LINK_FAILED:
         return "the library's error line above says which: nothing listens "
                "there (connection refused: is `llmdd serve` running?), the "
-               "peer is another cluster id than --remote-cluster-id, or the "
-               "two sides' llm.AuthToken differ (-o llm.AuthToken=...)";
+               "peer is another cluster id than --remote-cluster-id, the "
+               "two sides' llm.AuthToken differ (-o llm.AuthToken=...), or, "
+               "with --metadata, the cluster is not published there (see "
+               "`llmdd info --metadata ...`)";
     case LLM_TIMEOUT:
-        return "the peer did not answer in time; raise --timeout or "
-               "-o llm.SyncKvCacheWaitTime=MS";
+        return "the peer (or, with --metadata, etcd) did not answer in "
+               "time; raise --timeout or -o llm.SyncKvCacheWaitTime=MS";
     case LLM_NOT_YET_LINK:
         return "no live link to that cluster (it was never made, or the "
                "peer went away)";

@@ -14,6 +14,8 @@
 
 static const char pull_usage[] =
     "Usage: llmdd pull --connect IP:PORT --cluster-id N --remote-cluster-id M\n"
+    "       llmdd pull --metadata etcd://HOST:PORT --cluster-id N\n"
+    "                  --remote-cluster-id M\n"
     "                  [--cache-id ID] [--batch-index B] [--layers A:B]\n"
     "                  [--blocks LIST] [--verify] [options]\n"
     "\n"
@@ -26,6 +28,10 @@ static const char pull_usage[] =
     "\n"
     "Options:\n"
     "  -c, --connect IP:PORT     the prompt node; [IPv6]:PORT for IPv6\n"
+    "      --metadata etcd://HOST:PORT[,HOST:PORT...]\n"
+    "                            find the prompt node by its cluster id in\n"
+    "                            etcd (llm.MetadataServer; no --connect)\n"
+    "      --metadata-prefix P   the fleet's key prefix (llm.MetadataPrefix)\n"
     "      --cluster-id N        this decoder's cluster id\n"
     "      --remote-cluster-id M the prompt node's cluster id\n"
     "      --cache-id ID         the remote cache (default 1, the KV cache of\n"
@@ -152,9 +158,10 @@ pull_parse(pull_cfg *c, int argc, char **argv)
 
     if (rc != 0)
         return rc;
-    if (!c->have_connect || !c->have_cluster || !c->have_remote)
-        return cli_usage_err("--connect, --cluster-id and --remote-cluster-id "
-                             "are required");
+    if ((!c->have_connect && c->lo.metadata[0] == '\0') ||
+        !c->have_cluster || !c->have_remote)
+        return cli_usage_err("--connect (or --metadata), --cluster-id and "
+                             "--remote-cluster-id are required");
     if (c->cluster == c->remote)
         return cli_usage_err("--cluster-id must differ from "
                              "--remote-cluster-id");
@@ -211,7 +218,8 @@ cli_pull(int argc, char **argv)
                cli_desc_tensor_size(&desc));
 
     int64_t t0 = cli_now_ns();
-    st = cli_link(dd, c.remote, c.ip, c.port, c.timeout_ms, err, sizeof(err));
+    st = cli_link(dd, c.remote, c.have_connect ? c.ip : NULL, c.port,
+                  c.timeout_ms, err, sizeof(err));
     int64_t link_ns = cli_now_ns() - t0;
     if (st != LLM_SUCCESS) {
         cli_err("%s", err);
@@ -220,7 +228,9 @@ cli_pull(int argc, char **argv)
     linked = true;
     printf("llmdd pull: cluster %" PRIu64 " linked to cluster %" PRIu64
            " at %s in %s\n",
-           c.cluster, c.remote, cli_fmt_addr(d, sizeof(d), c.ip, c.port),
+           c.cluster, c.remote,
+           c.have_connect ? cli_fmt_addr(d, sizeof(d), c.ip, c.port)
+                          : "the address etcd has",
            cli_fmt_ns(b1, sizeof(b1), link_ns));
 
     llmdd_cache_index idx = {.cluster_id = c.remote,

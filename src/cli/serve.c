@@ -33,6 +33,11 @@ static const char serve_usage[] =
     "                        (seed 1 unless given) so `llmdd pull --verify`\n"
     "                        can check them; without it they stay zero\n"
     "  -t, --transport NAME  auto (default), shm, tcp, ucx\n"
+    "      --metadata etcd://HOST:PORT[,HOST:PORT...]\n"
+    "                        publish this node in etcd under its cluster id\n"
+    "                        (llm.MetadataServer; --listen must not be a\n"
+    "                        wildcard address)\n"
+    "      --metadata-prefix P  the fleet's key prefix (llm.MetadataPrefix)\n"
     CLI_SHAPE_HELP
     "      --metrics IP:PORT serve Prometheus metrics over HTTP at\n"
     "                        http://IP:PORT/metrics (`llmdd stats` reads "
@@ -280,13 +285,22 @@ cli_serve(int argc, char **argv)
         snprintf(seedflag, sizeof(seedflag), " --seed %" PRIu32, c.seed);
     uint64_t dec = c.cluster == UINT64_MAX ? c.cluster - 1 : c.cluster + 1;
     bool any = strcmp(c.ip, "0.0.0.0") == 0 || strcmp(c.ip, "::") == 0;
-    printf("pull from it in another terminal (or host) with:\n"
-           "  llmdd pull --connect %s --cluster-id %" PRIu64
-           " --remote-cluster-id %" PRIu64 "%s%s%s\n%s",
-           addr, dec, c.cluster, flags, seedflag, c.fill ? " --verify" : "",
-           any ? "  (from another host, put this host's address in "
-                 "--connect)\n"
-               : "");
+    if (c.lo.metadata[0] != '\0')
+        printf("published in etcd; pull from it in another terminal (or "
+               "host) with:\n"
+               "  llmdd pull --metadata %s --cluster-id %" PRIu64
+               " --remote-cluster-id %" PRIu64 "%s%s%s\n",
+               c.lo.metadata, dec, c.cluster, flags, seedflag,
+               c.fill ? " --verify" : "");
+    else
+        printf("pull from it in another terminal (or host) with:\n"
+               "  llmdd pull --connect %s --cluster-id %" PRIu64
+               " --remote-cluster-id %" PRIu64 "%s%s%s\n%s",
+               addr, dec, c.cluster, flags, seedflag,
+               c.fill ? " --verify" : "",
+               any ? "  (from another host, put this host's address in "
+                     "--connect)\n"
+                   : "");
     if (ms != NULL)
         printf("metrics: http://%s/metrics\n",
                cli_fmt_addr(addr, sizeof(addr), c.mip, cli_metrics_port(ms)));
