@@ -198,12 +198,18 @@ llmdd__instance_new(uint64_t cluster_id, llmdd_role role,
     dd = calloc(1, sizeof(*dd));
     if (dd == NULL)
         return LLM_OUT_OF_MEMORY;
+    dd->metrics = calloc(1, sizeof(*dd->metrics));
+    if (dd->metrics == NULL) {
+        free(dd);
+        return LLM_OUT_OF_MEMORY;
+    }
     dd->cluster_id = cluster_id;
     dd->role = role;
     dd->plane = plane;
     dd->next_cache_id = 1;
     dd->stop_fd = -1;
     if (llmdd__random(&dd->nonce, sizeof(dd->nonce)) != 0) {
+        free(dd->metrics);
         free(dd);
         return LLM_FAILED;
     }
@@ -224,6 +230,7 @@ llmdd_destroy(llmdd *dd)
     llmdd__options_fini(&dd->opts);
     pthread_cond_destroy(&dd->cond);
     pthread_mutex_destroy(&dd->lock);
+    free(dd->metrics);
     free(dd);
 }
 

@@ -203,7 +203,7 @@ struct llmdd {
     llmdd__ctrl *ctrl;       /* the plane's; NULL when down; opaque here */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
-    llmdd__metrics metrics;  /* atomics, no lock (metrics.h) */
+    llmdd__metrics *metrics; /* its own block of atomics, no lock (metrics.h) */
 
     struct llmdd *next_instance; /* in the process-wide list */
 };

@@ -190,7 +190,7 @@ add(llmdd__counter *c, uint64_t v)
 uint64_t
 llmdd__metrics_begin(llmdd *dd)
 {
-    add(&dd->metrics.begun, 1);
+    add(&dd->metrics->begun, 1);
     return stamp();
 }
 
@@ -199,7 +199,7 @@ llmdd__metrics_xfer(llmdd *dd, enum llmdd__metrics_op op,
                     const llmdd_transport_ops *ops, llmdd_status st,
                     uint64_t bytes, uint64_t t0)
 {
-    llmdd__metrics *m = &dd->metrics;
+    llmdd__metrics *m = dd->metrics;
     size_t tp = op == LLMDD__OP_COPY ? LLMDD__METRICS_TP_LOCAL : tp_slot(ops);
     size_t s = status_slot(st);
 
@@ -224,20 +224,32 @@ llmdd__metrics_served(llmdd *dd, const llmdd_transport_ops *ops, bool write,
     enum llmdd__metrics_op op = write ? LLMDD__OP_PUSH : LLMDD__OP_PULL;
     size_t tp = tp_slot(ops), s = status_slot(st);
 
-    add(&dd->metrics.xfers[1][op][tp][s], 1);
-    add(&dd->metrics.bytes[1][op][tp][s], bytes);
+    add(&dd->metrics->xfers[1][op][tp][s], 1);
+    add(&dd->metrics->bytes[1][op][tp][s], bytes);
 }
 
 void
 llmdd__metrics_link_attempt(llmdd *dd, llmdd_status st)
 {
-    add(&dd->metrics.link_attempts[status_slot(st)], 1);
+    add(&dd->metrics->link_attempts[status_slot(st)], 1);
 }
 
 void
 llmdd__metrics_link_event(llmdd *dd, bool up)
 {
-    add(up ? &dd->metrics.links_up : &dd->metrics.links_down, 1);
+    add(up ? &dd->metrics->links_up : &dd->metrics->links_down, 1);
+}
+
+void
+llmdd__metrics_heartbeat_drop(llmdd *dd)
+{
+    add(&dd->metrics->heartbeat_drops, 1);
+}
+
+void
+llmdd__metrics_notify(llmdd *dd, bool sent)
+{
+    add(sent ? &dd->metrics->notify_sent : &dd->metrics->notify_recv, 1);
 }
 
 /* ---- The text exposition. ---- */
@@ -425,7 +437,7 @@ llmdd_metrics_text(llmdd *dd, char *buf, size_t cap)
         o.cap = 0; /* a NULL buffer only measures */
     if (dd == NULL)
         return 0;
-    m = &dd->metrics;
+    m = dd->metrics;
     gauges_read(dd, &g);
 
     family(&o, "llmdd_instance_info", "gauge",

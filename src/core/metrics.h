@@ -121,5 +121,9 @@ void llmdd__metrics_served(llmdd *dd, const struct llmdd_transport_ops *ops,
 void llmdd__metrics_link_attempt(llmdd *dd, llmdd_status st);
 /* A link became visible (up) or left the link table. */
 void llmdd__metrics_link_event(llmdd *dd, bool up);
+/* A link dropped because its peer's heartbeats stopped. */
+void llmdd__metrics_heartbeat_drop(llmdd *dd);
+/* A notification was sent (sent) or received. */
+void llmdd__metrics_notify(llmdd *dd, bool sent);
 
 #endif

@@ -171,8 +171,7 @@ notify_received(llmdd__link *link, const uint8_t *msg, size_t len)
         (void)!write(n->efd, &one, sizeof(one));
     }
     pthread_mutex_unlock(&n->lock);
-    atomic_fetch_add_explicit(&dd->metrics.notify_recv, 1,
-                              memory_order_relaxed);
+    llmdd__metrics_notify(dd, false);
     return true;
 }
 
@@ -239,8 +238,7 @@ llmdd__notify_send(llmdd__link *link, const void *msg, size_t len,
     }
     if (llmdd__link_send(link, WMSG_NOTIFY, msg, len) != 0)
         return LLM_NOT_YET_LINK;
-    atomic_fetch_add_explicit(&dd->metrics.notify_sent, 1,
-                              memory_order_relaxed);
+    llmdd__metrics_notify(dd, true);
     return LLM_SUCCESS;
 }
 

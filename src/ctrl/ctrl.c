@@ -448,8 +448,7 @@ ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
             pthread_mutex_unlock(&dd->lock);
             if (!live)
                 return;
-            atomic_fetch_add_explicit(&dd->metrics.heartbeat_drops, 1,
-                                      memory_order_relaxed);
+            llmdd__metrics_heartbeat_drop(dd);
             log_warn("heartbeat: link to cluster %llu dropped: nothing heard "
                      "for %lld ms (its interval %u ms x %u misses)",
                      (unsigned long long)link->peer.cluster_id,
