@@ -1,6 +1,8 @@
 #include "transport/serve.h"
 
+#include <stdlib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 
@@ -58,4 +60,44 @@ llmdd__serve_wait_idle(llmdd__serve_set *set, int64_t deadline_ms)
     bool idle = set->n == 0;
     pthread_mutex_unlock(set->lock);
     return idle;
+}
+
+struct serve_job {
+    llmdd__link *link;
+    void (*fn)(void *, int);
+    void *owner;
+    int fd;
+};
+
+static void *
+serve_job_main(void *p)
+{
+    struct serve_job j = *(struct serve_job *)p;
+
+    free(p);
+    j.fn(j.owner, j.fd);
+    llmdd__link_put(j.link);
+    return NULL;
+}
+
+int
+llmdd__serve_spawn(llmdd__link *link, void (*fn)(void *, int), void *owner,
+                   int fd)
+{
+    struct serve_job *j = fd < 0 ? NULL : malloc(sizeof(*j));
+
+    if (j == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    *j = (struct serve_job){.link = link, .fn = fn, .owner = owner, .fd = fd};
+    llmdd__link_hold(link);
+    if (llmdd__spawn(link->dd, serve_job_main, j) != 0) {
+        close(fd);
+        free(j);
+        llmdd__link_put(link);
+        return -1;
+    }
+    return 0;
 }

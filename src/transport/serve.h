@@ -41,6 +41,15 @@ void llmdd__serve_init(llmdd__serve_set *set, pthread_mutex_t *lock,
  */
 bool llmdd__serve_track(llmdd__serve_set *set, int fd, bool add);
 
+/*
+ * Serves fd on a new counted thread, fn(owner, fd), which owns fd (closes it
+ * when done); link is held meanwhile. -1, with fd closed, when no thread
+ * starts (fd < 0 too, as a failed connect gives).
+ */
+struct llmdd__link;
+int llmdd__serve_spawn(struct llmdd__link *link, void (*fn)(void *, int),
+                       void *owner, int fd);
+
 /* Shuts down every connection served, so their threads fail out of their
  * I/O and end. Lock held. */
 void llmdd__serve_shutdown(llmdd__serve_set *set);

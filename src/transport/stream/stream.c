@@ -490,21 +490,10 @@ out:
 
 /* ---- Setup and teardown. ---- */
 
-struct serve_arg {
-    llmdd__stream *s;
-    int fd;
-};
-
-static void *
-serve_main(void *p)
+static void
+serve_fn(void *s, int fd)
 {
-    struct serve_arg a = *(struct serve_arg *)p;
-    llmdd__link *link = a.s->link;
-
-    free(p);
-    serve_conn(a.s, a.fd);
-    llmdd__link_put(link);
-    return NULL;
+    serve_conn(s, fd);
 }
 
 /* The pool arrays have room for LLMDD__STREAM_CONNS_MAX connections. */
@@ -545,23 +534,8 @@ rev_open(llmdd__stream *s, int64_t deadline)
 {
     llmdd__link *link = s->link;
     int fd = llmdd__data_connect(link, LLMDD__STREAM_FLAG_REV, deadline);
-    struct serve_arg *a = fd < 0 ? NULL : malloc(sizeof(*a));
 
-    if (a == NULL) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    a->s = s;
-    a->fd = fd;
-    llmdd__link_hold(link);
-    if (llmdd__spawn(link->dd, serve_main, a) != 0) {
-        close(fd);
-        free(a);
-        llmdd__link_put(link);
-        return -1;
-    }
-    return 0;
+    return llmdd__serve_spawn(link, serve_fn, s, fd);
 }
 
 /*

@@ -387,20 +387,7 @@ ucx_link_init(llmdd__link *link, bool client)
 
     /* REV: the server's requests, which we serve. */
     int rev = llmdd__data_connect(link, UCX_FLAG_REV, deadline);
-    struct ucx_serve_arg *a = rev < 0 ? NULL : malloc(sizeof(*a));
-    if (a == NULL) {
-        if (rev >= 0)
-            close(rev);
-        st = LLM_LINK_FAILED;
-        goto out;
-    }
-    a->ul = ul;
-    a->fd = rev;
-    llmdd__link_hold(link);
-    if (llmdd__spawn(dd, llmdd__ucx_serve_main, a) != 0) {
-        close(rev);
-        free(a);
-        llmdd__link_put(link);
+    if (llmdd__serve_spawn(link, llmdd__ucx_serve, ul, rev) != 0) {
         st = LLM_LINK_FAILED;
         goto out;
     }

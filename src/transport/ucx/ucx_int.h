@@ -249,16 +249,12 @@ int llmdd__ucx_progress_start(ucx_link *ul);
 
 /* ucx_serve.c */
 
-/* What llmdd__ucx_serve_main serves; malloc'd, freed by it. */
-struct ucx_serve_arg {
-    ucx_link *ul;
-    int fd;
-};
-
 llmdd_status llmdd__ucx_call(ucx_link *ul, uint16_t type, int64_t id,
                              uint16_t rtype, uint8_t *buf, size_t cap,
                              size_t *rlen, int64_t deadline);
-void *llmdd__ucx_serve_main(void *p);
+/* Answers the peer's requests on fd (a REV connection; ul: the ucx_link)
+ * until it closes; run by llmdd__serve_spawn. */
+void llmdd__ucx_serve(void *ul, int fd);
 size_t llmdd__ucx_hello_make(ucx_link *ul, uint32_t status, uint8_t **out);
 llmdd_status llmdd__ucx_hello_take(ucx_link *ul, const uint8_t *buf,
                                    size_t len);

@@ -301,16 +301,10 @@ ucx_serve(ucx_link *ul, int fd)
         llmdd__link_drop(link, "ucx exchange connection closed");
 }
 
-void *
-llmdd__ucx_serve_main(void *p)
+void
+llmdd__ucx_serve(void *ul, int fd)
 {
-    struct ucx_serve_arg a = *(struct ucx_serve_arg *)p;
-    llmdd__link *link = a.ul->link;
-
-    free(p);
-    ucx_serve(a.ul, a.fd);
-    llmdd__link_put(link);
-    return NULL;
+    ucx_serve(ul, fd);
 }
 
 /* Our serve worker's address as a HELLO payload; *out is malloc'd. */
