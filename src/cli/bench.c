@@ -32,7 +32,7 @@
 #include "bench.h"
 
 const char *const bench_ops[BOP_N] = {"pull", "push", "pull-blocks", "link",
-                                      "layerwise", "fleet"};
+                                      "layerwise", "fleet", "discovery"};
 const char *const bench_bases[BASE_N] = {"auto", "memcpy", "tcp", "none"};
 
 static const char bench_usage[] =
@@ -61,7 +61,9 @@ static const char bench_usage[] =
     "                          layerwise: compute-then-push against a\n"
     "                          layer-wise push (see below);\n"
     "                          fleet: 1 prompt, 8 decoders, 3 misbehaving\n"
-    "                          (see below)\n"
+    "                          (see below);\n"
+    "                          discovery: N decoders link by cluster id\n"
+    "                          through etcd (see below)\n"
     "  -t, --transport NAME    auto (default), loop, shm, tcp, ucx\n"
     "      --block-size MIN:MAX  block sizes, powers of two, e.g. 4K:16M or\n"
     "                          one size (default 4K:16M)\n"
@@ -141,7 +143,14 @@ static const char bench_usage[] =
     "long while decoder 5 is stopped, 6 floods notifications and 7 is cut\n"
     "off (a network namespace of its own; needs root). Prints the healthy\n"
     "decoders' p99 in both phases and their ratio; exits 1 if a healthy\n"
-    "decoder saw an error, a wrong byte or a request past the wait time.\n";
+    "decoder saw an error, a wrong byte or a request past the wait time.\n"
+    "\n"
+    "--op discovery --metadata etcd://HOST:PORT: --decoders N (default 256,\n"
+    "up to 1024) decoder instances of this process link at once to one\n"
+    "prompt (tcp unless -t), by address (the baseline) and by cluster id\n"
+    "looked up in etcd,\n"
+    "--rounds times (default 3); prints first call to last success for\n"
+    "each, medians, spread and ratio; exits 1 if a link fails.\n";
 
 /* ---- The sweep. ---- */
 
@@ -280,9 +289,10 @@ bench_opt(void *ctx, int opt, const char *arg)
                                  BENCH_MAX_BLOCKS, arg);
         break;
     case OPT_DECODERS:
-        if (!cli_parse_u32(arg, 1, BENCH_MAX_DECODERS, &c->decoders))
+        if (!cli_parse_u32(arg, 1, BENCH_MAX_DISCOVERY, &c->decoders))
             return cli_usage_err("--decoders: want 1..%d, got \"%s\"",
                                  BENCH_MAX_DECODERS, arg);
+        c->decoders_set = true;
         break;
     case OPT_ITERS:
         if (!cli_parse_u32(arg, 1, BENCH_MAX_ITERS, &c->iters))
@@ -393,6 +403,18 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
 
     if (rc != 0)
         return rc;
+    if (cfg->op == BOP_DISCOVERY) {
+        if (cfg->lo.metadata[0] == '\0')
+            return cli_usage_err("--op discovery needs --metadata "
+                                 "etcd://HOST:PORT (a running etcd)");
+        if (!cfg->transport_set && !cli_set_transport(&cfg->lo, "tcp"))
+            return CLI_EXIT_USAGE;
+        return 0;
+    }
+    if (cfg->decoders > BENCH_MAX_DECODERS)
+        return cli_usage_err("--decoders: want 1..%d (up to %d with --op "
+                             "discovery)",
+                             BENCH_MAX_DECODERS, BENCH_MAX_DISCOVERY);
     if (cfg->blocks == 0)
         cfg->blocks = cfg->op == BOP_PULL_BLOCKS ? 64 : 1;
     if (cfg->inflight > 0 && cfg->op != BOP_PULL_BLOCKS)
@@ -859,6 +881,10 @@ cli_bench(int argc, char **argv)
     }
     if (cfg.op == BOP_FLEET) {
         rc = bench_fleet(&cfg);
+        goto out;
+    }
+    if (cfg.op == BOP_DISCOVERY) {
+        rc = bench_discovery(&cfg);
         goto out;
     }
     if (!bench_memory_ok(&cfg))

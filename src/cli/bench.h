@@ -9,6 +9,7 @@
 #include "common.h"
 
 #define BENCH_MAX_DECODERS 64
+#define BENCH_MAX_DISCOVERY 1024 /* --op discovery: decoder instances */
 #define BENCH_MAX_ITERS 100000u
 #define BENCH_MAX_BLOCKS (1u << 20)
 #define BENCH_MAX_SLOTS (1u << 20)
@@ -27,6 +28,7 @@ enum {
     BOP_LINK,
     BOP_LAYERWISE,
     BOP_FLEET,
+    BOP_DISCOVERY,
     BOP_N
 };
 extern const char *const bench_ops[BOP_N];
@@ -44,6 +46,7 @@ typedef struct {
     int64_t compute_ns; /* layerwise: per layer; -1: one layer's push */
     bool block_set, transport_set, num_layers_set;
     uint32_t decoders;
+    bool decoders_set;
     uint32_t iters, warmup; /* iters 0: auto, by time */
     bool warmup_set;
     uint32_t min_time_ms;
@@ -200,6 +203,8 @@ bool bench_base_tcp_stop(void);
 /* ---- bench_fleet.c: --op fleet, start to end; the exit code. ---- */
 
 int bench_fleet(const bench_cfg *cfg);
+/* ---- bench_discovery.c: --op discovery; the exit code. ---- */
+int bench_discovery(const bench_cfg *cfg);
 
 /* ---- bench_report.c ---- */
 

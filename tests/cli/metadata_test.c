@@ -4,7 +4,7 @@
  * `llmdd pull --metadata --remote-cluster-id` finds it without --connect
  * and verifies every byte; an unknown id and a prefix of another fleet fail
  * with the library's status; a wildcard --listen is refused; after serve
- * stops, the list is empty.
+ * stops, the list is empty; `llmdd bench --op discovery` runs.
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -84,6 +84,17 @@ test_serve_info_pull(void **state)
     r = cu_run(30, info);
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "0 clusters"));
+    cu_result_free(&r);
+
+    /* The bench of a burst of decoders linking by id, small. */
+    const char *bench[] = {"bench", "--op", "discovery", "--metadata",
+                           etcd.server, "--decoders", "16", "--rounds", "1",
+                           NULL};
+    r = cu_run(120, bench);
+    if (r.code != 0)
+        cu_dump("bench --op discovery", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "by id / by address"));
     cu_result_free(&r);
 
     /* A wildcard address cannot be published. */

@@ -230,6 +230,9 @@ SNIPPETS = {
         "llmdd.install.consumers (a C++ consumer against an installed tree)",
     ("docs/operations.md", "sh", "llmdd serve --listen 10.0.0.5:26000 --cluster-id 7 --fill "
      "--metrics 10.0.0.5:9464"): "llmdd.cli.serve_metrics (serve --metrics, then stats)",
+    ("docs/operations.md", "sh", "# a fleet with etcd: prompts publish themselves, decoders "
+     "find them by cluster id"):
+        "llmdd.cli.metadata_test (serve, info and pull --metadata against a real etcd)",
     ("docs/operations.md", "yaml", "scrape_configs:"):
         "a Prometheus configuration fragment: nothing of llmdd's to run",
     ("docs/operations.md", "yaml", "groups:"): yaml_rules,
