@@ -202,6 +202,16 @@ cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* CLOCK_MONOTONIC in us. */
+static int64_t
+now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* Cancel with 64 MiB in flight: prompt, and the buffer is left alone. */
 static void
 test_cancel_latency(void **state)
@@ -221,6 +231,16 @@ test_cancel_latency(void **state)
     assert_int_equal(th_link(dd, PEER, MP_IP, p->port, 5000), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     llmdd_cache_index from = {PEER, rid, 1};
+    /* The baseline: a whole pull of the slot, best of 3. A cancel that
+     * only waited for the transfer to end would take most of it. */
+    int64_t whole = INT64_MAX;
+    for (int r = 0; r < 3; r++) {
+        int64_t t0 = now_us();
+        assert_int_equal(llmdd_pull_kv_cache(dd, &from, &local, 0, -1, NULL),
+                         LLM_SUCCESS);
+        int64_t t = now_us() - t0;
+        whole = t < whole ? t : whole;
+    }
     for (int r = 0; r < ROUNDS; r++) {
         llmdd_request *req;
         assert_int_equal(llmdd_pull_kv_cache_async(dd, &from, &local, 0, -1,
@@ -247,15 +267,18 @@ test_cancel_latency(void **state)
     }
     qsort(us, ROUNDS, sizeof(us[0]), cmp_i64);
     printf("cancel with 64 MiB in flight (%s): p50 %lld us, p95 %lld us, "
-           "max %lld us\n",
+           "max %lld us; the whole pull %lld us\n",
            transport, (long long)us[ROUNDS / 2], (long long)us[ROUNDS - 2],
-           (long long)us[ROUNDS - 1]);
+           (long long)us[ROUNDS - 1], (long long)whole);
     /* The issue's bound is 50 ms at p99. On this 2-core host the peer
      * process sending at full speed and the rest of a parallel test run
      * compete with the cancelling thread, so the test holds the median to
      * 50 ms and the 19th of 20 to 200 ms (more under sanitizers); the
      * numbers above are the measurement. */
     assert_true(us[ROUNDS / 2] < 50000 * SLOW);
+    /* And it interrupts: a cancel that waited for the transfer would take
+     * about the whole pull, less the few ms it ran first. */
+    assert_true(us[ROUNDS / 2] < whole / 2);
     assert_true(us[ROUNDS - 2] < 200000 * SLOW);
     /* The link still works. */
     llmdd_cache_index kv = {PEER, p->ids.kv, 0};
@@ -267,15 +290,6 @@ test_cancel_latency(void **state)
     llmdd_destroy(dd);
 }
 
-/* CLOCK_MONOTONIC in us. */
-static int64_t
-now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /*
  * Cancel while the requester waits for a reply that cannot come: the peer

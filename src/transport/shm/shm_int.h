@@ -48,7 +48,12 @@
 #define SHM_OPEN_MS (SHM_BYE_MS / 4)
 #define SHM_STALL_MS 5000
 #define SHM_IOV_BATCH 1024              /* iovec pairs per CMA call */
-#define SHM_CMA_BATCH_BYTES (1ull << 30) /* under the kernel's MAX_RW_COUNT */
+/* One cross-memory attach call at most (well under the kernel's
+ * MAX_RW_COUNT); a cancel is seen between calls. */
+#define SHM_CMA_BATCH_BYTES (16u << 20)
+/* A copy through the mapping goes in pieces of this, a cancel seen between
+ * them (a few ms each at memory speed). */
+#define SHM_COPY_PIECE (4u << 20)
 #define SHM_CMA_SPLIT_BYTES (16u << 20) /* CMA over two threads from here */
 #define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
 #define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */

@@ -139,12 +139,17 @@ llmdd__shm_owner_left(shm_link *sl)
     return left;
 }
 
-/* One batch of the copy engine; it has fenced its stores once this returns,
- * before the transfer is reported or a notification follows. */
-static void
+/*
+ * One batch of the copy engine; it has fenced its stores once this returns,
+ * before the transfer is reported or a notification follows. Runs go in
+ * pieces of at most SHM_COPY_PIECE, and a cancel of the request is seen
+ * between pieces: false then, with part of the bytes moved.
+ */
+static bool
 shm_copy(const shm_entry *e, const llmdd__xfer *x)
 {
     llmdd__copy_batch b;
+    uint64_t since = 0;
 
     llmdd__copy_begin(&b, llmdd__xfer_bytes(x), llmdd__xfer_dst_bytes(x));
     for (uint32_t t = 0; t < x->count; t++) {
@@ -153,10 +158,24 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
         uint8_t *dst = x->write ? rbase : x->local[t];
         for (size_t i = 0; i < x->nruns; i++) {
             const llmdd__run *r = &x->runs[i];
-            llmdd__copy(&b, dst + r->dst_off, src + r->src_off, r->len);
+            for (uint64_t off = 0; off < r->len;) {
+                uint64_t n = r->len - off < SHM_COPY_PIECE ? r->len - off
+                                                           : SHM_COPY_PIECE;
+                llmdd__copy(&b, dst + r->dst_off + off,
+                            src + r->src_off + off, n);
+                off += n;
+                if ((since += n) >= SHM_COPY_PIECE) {
+                    since = 0;
+                    if (llmdd__cancelled()) {
+                        llmdd__copy_end(&b);
+                        return false;
+                    }
+                }
+            }
         }
     }
     llmdd__copy_end(&b);
+    return true;
 }
 
 /* A position in a transfer's bytes: run r of tensor t, `done` bytes in. */
@@ -188,7 +207,8 @@ cma_advance(const llmdd__xfer *x, cma_pos *pos, uint64_t n)
 /*
  * Cross-memory attach of `len` bytes of the transfer from `pos`, in batches
  * of SHM_IOV_BATCH iovec pairs. 0 done; -1 with *err the errno; -2 the link
- * went down or the deadline passed.
+ * went down or the deadline passed; -3 the request was cancelled (seen
+ * between batches).
  */
 static int
 shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, cma_pos pos,
@@ -234,6 +254,8 @@ shm_cma(shm_link *sl, const shm_entry *e, const llmdd__xfer *x, cma_pos pos,
         if (len > 0 &&
             (llmdd__shm_owner_left(sl) || llmdd__now_ms() >= x->deadline_ms))
             return -2;
+        if (len > 0 && llmdd__cancelled())
+            return -3;
     }
     return 0;
 }
@@ -244,6 +266,7 @@ typedef struct {
     const llmdd__xfer *x;
     cma_pos pos;
     uint64_t len;
+    llmdd__cancel *cancel; /* the request's, which this thread works for */
     int rc, err;
 } cma_half;
 
@@ -252,7 +275,9 @@ cma_half_main(void *p)
 {
     cma_half *h = p;
 
+    (void)llmdd__cancel_enter(h->cancel, false);
     h->rc = shm_cma(h->sl, h->e, h->x, h->pos, h->len, &h->err);
+    llmdd__cancel_leave();
     return NULL;
 }
 
@@ -269,7 +294,11 @@ shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
 {
     uint64_t total = llmdd__xfer_bytes(x);
     cma_pos start = {0, 0, 0};
-    cma_half h = {.sl = sl, .e = e, .x = x, .pos = start};
+    cma_half h = {.sl = sl,
+                  .e = e,
+                  .x = x,
+                  .pos = start,
+                  .cancel = llmdd__cancel_current()};
     pthread_t th;
 
     if (total < SHM_CMA_SPLIT_BYTES)
@@ -348,7 +377,8 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
     int err = 0, rc = 0;
     bool left = false;
     if (kind == SHM_KIND_MEMFD) {
-        shm_copy(e, x);
+        if (!shm_copy(e, x))
+            rc = -3;
         atomic_fetch_add(&stat_memfd, 1);
         /* Stalled mid-copy (SIGSTOP, a long page fault) past the owner's
          * patience: the owner dropped the link, and the pages may belong
@@ -369,6 +399,8 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
         return LLM_NOT_YET_LINK;
     if (rc == 0)
         return LLM_SUCCESS;
+    if (rc == -3) /* cancelled: the request's own end, the link stays */
+        return LLM_FAILED;
     if (rc == -2)
         return llmdd__now_ms() >= x->deadline_ms ? LLM_TIMEOUT
                                                  : LLM_NOT_YET_LINK;
