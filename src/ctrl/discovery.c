@@ -157,9 +157,20 @@ llmdd__disc_resolve(llmdd *dd, uint64_t cluster_id, int64_t deadline,
     llmdd__meta_entry e;
     llmdd_status st;
 
-    if (dd->ctrl == NULL || dd->ctrl->meta == NULL)
+    /* Copies: a lookup needs no metadata thread, so a finalize that stops
+     * it meanwhile cannot pull anything from under this call. */
+    pthread_mutex_lock(&dd->lock);
+    char *server = dd->opts.meta_server ? strdup(dd->opts.meta_server) : NULL;
+    bool set = dd->opts.meta_server != NULL;
+    char prefix[sizeof(dd->opts.meta_prefix)];
+    memcpy(prefix, dd->opts.meta_prefix, sizeof(prefix));
+    pthread_mutex_unlock(&dd->lock);
+    if (!set)
         return LLM_PARAM_INVALID;
-    st = llmdd__meta_resolve(dd->ctrl->meta, cluster_id, deadline, &e);
+    if (server == NULL)
+        return LLM_OUT_OF_MEMORY;
+    st = llmdd__meta_resolve(server, prefix, cluster_id, deadline, &e);
+    free(server);
     if (st != LLM_SUCCESS)
         return st;
     if (e.protocol != LLMDD_WIRE_VERSION)

@@ -210,7 +210,7 @@ check_clusters(llmdd *dd, const llmdd_cluster_info *clusters, size_t n,
     if (!need_addr)
         return LLM_SUCCESS;
     pthread_mutex_lock(&dd->lock);
-    bool lookup = dd->ctrl != NULL && dd->ctrl->meta != NULL;
+    bool lookup = dd->opts.meta_server != NULL;
     pthread_mutex_unlock(&dd->lock);
     for (size_t i = 0; i < n; i++) {
         llmdd__sockaddr a, from;

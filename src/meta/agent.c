@@ -543,16 +543,20 @@ llmdd__meta_close(llmdd__meta *m)
 }
 
 llmdd_status
-llmdd__meta_resolve(llmdd__meta *m, uint64_t cluster_id, int64_t deadline_ms,
+llmdd__meta_resolve(const char *server, const char *prefix,
+                    uint64_t cluster_id, int64_t deadline_ms,
                     llmdd__meta_entry *out)
 {
-    char key[sizeof(m->key)], val[LLMDD_META_VALUE_MAX + 1];
+    char key[LLMDD_META_PREFIX_MAX + 48], val[LLMDD_META_VALUE_MAX + 1];
     llmdd__meta_entry e;
+    llmdd__etcd etcd;
     bool found = false;
     size_t vlen = 0;
 
-    snprintf(key, sizeof(key), "%s%" PRIu64, m->prefix, cluster_id);
-    int rc = llmdd__etcd_get(&m->etcd, key, -1, deadline_ms, &found, val,
+    if (!llmdd__meta_prefix_valid(prefix) || etcd_setup(&etcd, server) != 0)
+        return LLM_PARAM_INVALID;
+    snprintf(key, sizeof(key), "%s/clusters/%" PRIu64, prefix, cluster_id);
+    int rc = llmdd__etcd_get(&etcd, key, -1, deadline_ms, &found, val,
                              sizeof(val), &vlen);
     if (rc == ETCD_UNREACHABLE) {
         log_error("link to cluster %" PRIu64 ": the metadata server did not "

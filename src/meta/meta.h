@@ -124,12 +124,15 @@ llmdd_status llmdd__meta_publish(llmdd__meta *m, const llmdd__meta_entry *e,
 void llmdd__meta_unpublish(llmdd__meta *m, int64_t deadline_ms);
 
 /*
- * Looks cluster_id up: LLM_SUCCESS and *out; LLM_LINK_FAILED when it has
- * no entry or its entry is malformed; LLM_TIMEOUT when the server cannot
- * be reached by deadline_ms.
+ * Looks cluster_id up under prefix on server (as llmdd__meta_open takes
+ * them; no instance or thread needed, so a lookup never depends on the
+ * metadata thread's life): LLM_SUCCESS and *out; LLM_LINK_FAILED when it
+ * has no entry or its entry is malformed; LLM_TIMEOUT when the server
+ * cannot be reached by deadline_ms.
  */
-llmdd_status llmdd__meta_resolve(llmdd__meta *m, uint64_t cluster_id,
-                                 int64_t deadline_ms, llmdd__meta_entry *out);
+llmdd_status llmdd__meta_resolve(const char *server, const char *prefix,
+                                 uint64_t cluster_id, int64_t deadline_ms,
+                                 llmdd__meta_entry *out);
 
 /*
  * Every entry under <prefix>/clusters/ as one JSON array of the entries'

@@ -9,7 +9,8 @@
  * a stopped prompt's expired entry dropping the decoder's link, a killed
  * prompt's entry gone within lease + 1 s and a restart on this host
  * taking its entry over (cuts_peers); etcd restarted without its data
- * (everyone back within a lease, links kept, a new decoder links) and
+ * (everyone back within a lease, links kept, a new decoder links, a
+ * departure in its new history seen) and
  * stopped (links keep pulling, lookups LLM_TIMEOUT, finalize bounded); a
  * hostile fake gateway.
  */
@@ -285,6 +286,43 @@ test_server_restart(void **state)
     assert_true(th_now_ms() - t0 <= 3000);
 }
 
+/*
+ * After the server lost its data, its revisions start again below the ones
+ * a decoder saw: the decoder must watch the new history from its present,
+ * or it would miss departures until the new history caught up.
+ */
+static void
+test_departure_after_data_loss(void **state)
+{
+    (void)state;
+    te_etcd_start(&etcd);
+    llmdd_option o[2] = {{"llm.MetadataServer", etcd.server},
+                         {"llm.ListenIpInfo", "127.0.0.1:0"}};
+    llmdd *x;
+    /* History: 40 publishes and removals. */
+    assert_int_equal(llmdd_create(50, LLMDD_ROLE_PROMPT, &x), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(x, o, 2), LLM_SUCCESS);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(llmdd_set_role(x, LLMDD_ROLE_DECODER, NULL, 0),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_set_role(x, LLMDD_ROLE_PROMPT, &o[1], 1),
+                         LLM_SUCCESS);
+    }
+    llmdd_destroy(x);
+    llmdd *d = decoder(100, etcd.server, NULL); /* watches from there */
+    te_etcd_restart(&etcd, true);
+    th_proc *p = prompt(51, "llm.MetadataPrefix=llmdd",
+                        "llm.HeartbeatInterval=0");
+    assert_int_equal(link_id(d, 51, 3000), LLM_SUCCESS);
+    mp_peer_stop(p);
+    int64_t t0 = th_now_ms();
+    while (llmdd_check_link(d, 51, 100) != LLM_NOT_YET_LINK)
+        assert_true(th_now_ms() - t0 <= LEASE_MS + 1000);
+    print_message("departure after data loss seen after %lld ms\n",
+                  (long long)(th_now_ms() - t0));
+    llmdd_destroy(d);
+}
+
 static void
 test_hostile_gateway(void **state)
 {
@@ -332,6 +370,7 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_set_role_publishes, teardown),
         cmocka_unit_test_teardown(test_departures, teardown),
         cmocka_unit_test_teardown(test_server_restart, teardown),
+        cmocka_unit_test_teardown(test_departure_after_data_loss, teardown),
         cmocka_unit_test_teardown(test_hostile_gateway, teardown),
     };
     th_test_filter(argc, argv);
