@@ -114,12 +114,6 @@ llmdd__cancelled(void)
     return c != NULL && atomic_load(&c->flag);
 }
 
-llmdd__cancel *
-llmdd__cancel_current(void)
-{
-    return tls.c;
-}
-
 void
 llmdd__cancel_init(llmdd__cancel *c)
 {

@@ -74,9 +74,6 @@ void llmdd__cancel_fire(llmdd__cancel *c);
  */
 int llmdd__cancel_enter(llmdd__cancel *c, bool wake);
 void llmdd__cancel_leave(void);
-/* This thread's cancellation, for a helper thread of the same work to
- * enter too (a tcp lane); NULL when none. */
-llmdd__cancel *llmdd__cancel_current(void);
 bool llmdd__cancelled(void);
 
 /*

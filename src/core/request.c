@@ -449,6 +449,7 @@ job_run(struct llmdd__reqs *r, job *j)
     if (go) {
         llmdd__xfer x = j->layer < 0 ? q->x : layer_xfer(q, (uint32_t)j->layer);
         x.deadline_ms = j->deadline;
+        x.cancel = &q->cancel;
         if (llmdd__now_ms() >= x.deadline_ms) {
             st = LLM_TIMEOUT;
         } else if (!llmdd__link_enter(q->link)) {

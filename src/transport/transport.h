@@ -15,6 +15,7 @@
 
 #include <llmdd/llmdd.h>
 
+#include "base/net.h"
 #include "core/layout.h"
 
 struct llmdd__link;
@@ -54,6 +55,10 @@ typedef struct {
     size_t nruns;
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
     uint64_t local_bytes; /* the local cache's size, all its tensors */
+    /* The request's cancellation (NULL: none). The calling thread already
+     * works under it; a thread a transport starts for this transfer enters
+     * it (llmdd__cancel_enter) so that a cancel reaches that thread too. */
+    llmdd__cancel *cancel;
 } llmdd__xfer;
 
 /* A run's offset in the remote tensor. */

@@ -298,7 +298,7 @@ shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
                   .e = e,
                   .x = x,
                   .pos = start,
-                  .cancel = llmdd__cancel_current()};
+                  .cancel = x->cancel};
     pthread_t th;
 
     if (total < SHM_CMA_SPLIT_BYTES)

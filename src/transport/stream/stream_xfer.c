@@ -523,7 +523,7 @@ stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
                           .tmp = tmp + (size_t)i * x->nruns,
                           .sp = &sp,
                           .fd = fds[i],
-                          .cancel = llmdd__cancel_current()};
+                          .cancel = x->cancel};
     }
     /* A lane whose thread does not start is run here after the first. */
     for (int i = 1; i < n; i++)
