@@ -17,6 +17,7 @@ add_executable(llmdd_cli
   src/cli/bench_base.c
   src/cli/bench_report.c
   src/cli/bench_fleet.c
+  src/cli/bench_fleet_node.c
   src/cli/bench_discovery.c
   src/cli/info.c
   src/cli/metrics_http.c
