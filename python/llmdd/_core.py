@@ -11,10 +11,10 @@ from . import _ffi
 from ._ffi import lib
 from ._memory import memory_of
 from ._status import Status, LlmddError, check
-from ._request import Request, _Waiter
+from ._request import Request, _Completions
 from ._values import (Role, Placement, DataType, DTYPE_SIZE, CacheDesc, CacheIndex,
                       ClusterInfo, _I32_MAX, _int, _u64, _u32, _bytes, _options,
-                      _ext, _blocks, _index, _ip_array, _role, _size, _bad_cache)
+                      _ext_ref, _blocks, _index, _timeout, _ip_array, _role, _size, _bad_cache)
 
 __all__ = ["Role", "Placement", "DataType", "DTYPE_SIZE", "CacheDesc", "CacheIndex",
            "ClusterInfo", "Cache", "Request", "Instance"]
@@ -34,6 +34,7 @@ class Cache:
         self.registered = registered
         self._keep = keep            # the memory owners of a registered cache
         self._closed = False
+        self._byref = ctypes.byref(c_cache)
         self.tensor_addrs = [int(c_cache.tensor_addrs[i]) for i in range(desc.num_tensors)]
 
     @property
@@ -103,10 +104,12 @@ class Instance:
         self._dd = None
         self._calls = 0             # calls in flight (_call)
         self._gate = False          # finalize or close is waiting for them
-        self._calls_cv = threading.Condition(threading.Lock())
+        self._calls_lock = threading.Lock()
+        self._calls_cv = threading.Condition(self._calls_lock)
         self._caches = weakref.WeakSet()
-        self._waiter_obj = None
-        self._waiter_lock = threading.Lock()
+        self._plain_opts = _ffi.XferOptsC(_ffi.XFER_COMPLETION, None, 0)
+        self._cq = None             # _Completions, made by the first await
+        self._cq_lock = threading.Lock()
         self._notify_waiters = collections.deque()
         self._reader_loop = None
         out = ctypes.c_void_p()
@@ -129,18 +132,25 @@ class Instance:
     # Request.wait() on another thread returns once finalize ends it.
 
     def _call(self, fn, *args):
-        with self._calls_cv:
-            dd = self._dd
-            if dd is None or self._gate:
-                raise LlmddError(Status.LLM_FAILED, "instance is closed")
-            self._calls += 1
+        # The lock's own acquire and release (not the Condition's): this
+        # runs around every call, and a synchronous 4 KiB pull is a few
+        # microseconds of C.
+        lk = self._calls_lock
+        lk.acquire()
+        dd = self._dd
+        if dd is None or self._gate:
+            lk.release()
+            raise LlmddError(Status.LLM_FAILED, "instance is closed")
+        self._calls += 1
+        lk.release()
         try:
             return fn(dd, *args)
         finally:
-            with self._calls_cv:
-                self._calls -= 1
-                if self._calls == 0:
-                    self._calls_cv.notify_all()
+            lk.acquire()
+            self._calls -= 1
+            if self._calls == 0 and self._gate:
+                self._calls_cv.notify_all()
+            lk.release()
 
     def _quiesce(self):
         """Stops new calls and waits for the ones in flight; the dd, or
@@ -170,11 +180,14 @@ class Instance:
                 self._gate = False
 
     def _finalize(self, dd):
-        self._stop_waiter()
         for c in list(self._caches):
             c._closed = True
         self._caches = weakref.WeakSet()
-        lib.llmdd_finalize(dd)
+        lib.llmdd_finalize(dd)      # ends every request (LLM_FAILED)
+        with self._cq_lock:
+            cq, self._cq = self._cq, None
+        if cq is not None:
+            cq.shutdown()           # wakes their awaits
 
     def close(self):
         """Finalizes and destroys the instance; later calls raise LLM_FAILED.
@@ -348,11 +361,18 @@ class Instance:
         return c
 
     # -- transfers
+    #
+    # A synchronous call is the C library's synchronous call: ctypes
+    # releases the GIL for it, and it ends within llm.SyncKvCacheWaitTime
+    # (so Ctrl-C, which Python delivers when it returns, ends it within
+    # that time too). notify= or timeout_ms= need a request: then the call
+    # posts and waits. Posted requests carry LLMDD_XFER_COMPLETION, for
+    # `await` (_Completions).
     def _opts(self, notify, layerwise):
         if notify is None and not layerwise:
-            return None, None
+            return self._plain_opts, None   # read by the library at the post only
         o = _ffi.XferOptsC()
-        o.flags = _ffi.XFER_LAYERWISE if layerwise else 0
+        o.flags = _ffi.XFER_COMPLETION | (_ffi.XFER_LAYERWISE if layerwise else 0)
         buf = None
         if notify is not None:
             buf = _bytes("notify", notify, 0, _ffi.NOTIFY_MAX)
@@ -363,28 +383,66 @@ class Instance:
     def _post(self, fn, args, keep, notify=None, layerwise=False):
         opts, nbuf = self._opts(notify, layerwise)
         req = ctypes.c_void_p()
-        st = self._call(fn, *args, ctypes.byref(opts) if opts is not None else None,
-                ctypes.byref(req))
-        check(st, fn.__name__)
-        return Request(self, req, (keep, args, opts, nbuf))
+        st = self._call(fn, *args, opts, ctypes.byref(req))
+        if st != 0:
+            raise LlmddError(st, fn.__name__)
+        return Request(self, req, (keep, args, nbuf))
+
+    def _wait_posted(self, post_fn, args, keep, notify, timeout_ms):
+        _timeout("timeout_ms", timeout_ms)     # checked before anything is posted
+        with self._post(post_fn, args, keep, notify) as r:
+            r.wait(timeout_ms)
+
+    def _local(self, cache, name):
+        # The common case first: an open cache of this open instance.
+        if type(cache) is Cache and cache._instance is self and not cache._closed \
+                and self._dd is not None:
+            return cache._byref
+        if isinstance(cache, Cache):
+            return cache._ref(self)
+        _bad_cache(name)
+
+    def _pull_cache_args(self, src, dst, batch_index, size, sl, dl, tnpl):
+        return (_index(src), self._local(dst, "dst"),
+                _u32("batch_index", batch_index), _size(size), _ext_ref(sl, dl, tnpl))
+
+    def _blocks_args(self, cache, name, other, src_blocks, dst_blocks, sl, dl, tnpl):
+        sb, n = _blocks("src_blocks", src_blocks)
+        db, m = _blocks("dst_blocks", dst_blocks)
+        if n != m:
+            raise ValueError(f"src_blocks has {n} entries, dst_blocks {m}")
+        if name == "dst":    # a pull: (remote source, local destination)
+            pair = (_index(other), self._local(cache, name))
+        else:
+            pair = (self._local(cache, name), _index(other, "dst"))
+        return pair + (sb, db, n, _ext_ref(sl, dl, tnpl))
+
+    def _to_blocks_args(self, src, dst, dst_blocks, sl, dl, tnpl):
+        db, n = _blocks("dst_blocks", dst_blocks)
+        return (_index(src), self._local(dst, "dst"), db, n,
+                _ext_ref(sl, dl, tnpl))
+
+    def _push_cache_args(self, src, dst, src_batch_index, size, sl, dl, tnpl):
+        return (self._local(src, "src"), _index(dst, "dst"),
+                _u32("src_batch_index", src_batch_index), _size(size), _ext_ref(sl, dl, tnpl))
+
+    def _push_to_blocks_args(self, src, dst, dst_blocks, src_batch_index, sl, dl, tnpl):
+        db, n = _blocks("dst_blocks", dst_blocks)
+        return (self._local(src, "src"), _index(dst, "dst"),
+                _u32("src_batch_index", src_batch_index), db, n, _ext_ref(sl, dl, tnpl))
 
     def pull_cache_async(self, src, dst, batch_index=0, size=-1, *, src_layers=None,
                          dst_layers=None, tensor_num_per_layer=2, notify=None):
         """Posts a pull of the remote slot src (CacheIndex) into slot
         batch_index of the local cache dst; returns a Request."""
-        args = (ctypes.byref(_index(src)), dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"),
-                _u32("batch_index", batch_index), _size(size),
-                ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._pull_cache_args(src, dst, batch_index, size, src_layers, dst_layers,
+                                     tensor_num_per_layer)
         return self._post(lib.llmdd_pull_kv_cache_async, args, dst, notify)
 
     def pull_blocks_async(self, src, dst, src_blocks, dst_blocks, *, src_layers=None,
                           dst_layers=None, tensor_num_per_layer=2, notify=None):
-        sb, n = _blocks("src_blocks", src_blocks)
-        db, m = _blocks("dst_blocks", dst_blocks)
-        if n != m:
-            raise ValueError(f"src_blocks has {n} entries, dst_blocks {m}")
-        args = (ctypes.byref(_index(src)), dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"),
-                sb, db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._blocks_args(dst, "dst", src, src_blocks, dst_blocks, src_layers,
+                                 dst_layers, tensor_num_per_layer)
         return self._post(lib.llmdd_pull_kv_blocks_async, args, dst, notify)
 
     def pull_cache_to_blocks_async(self, src, dst, dst_blocks, *, src_layers=None,
@@ -393,9 +451,8 @@ class Instance:
         blocks) into blocks of the local block cache dst: chunk k of the
         slot, one block's bytes, lands in dst_blocks[k]; the last may be
         short. len(dst_blocks) must be ceil(slot / block)."""
-        db, n = _blocks("dst_blocks", dst_blocks)
-        args = (ctypes.byref(_index(src)), dst._ref(self) if isinstance(dst, Cache) else _bad_cache("dst"),
-                db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._to_blocks_args(src, dst, dst_blocks, src_layers, dst_layers,
+                                    tensor_num_per_layer)
         return self._post(lib.llmdd_pull_kv_cache_to_blocks_async, args, dst, notify)
 
     def push_cache_async(self, src, dst, src_batch_index=0, size=-1, *, src_layers=None,
@@ -403,9 +460,8 @@ class Instance:
                          layerwise=False):
         """Posts a push of local slot src_batch_index of src into the remote
         slot dst (CacheIndex). layerwise: layers move once layer_ready()."""
-        args = (src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
-                ctypes.byref(_index(dst, "dst")), _u32("src_batch_index", src_batch_index),
-                _size(size), ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._push_cache_args(src, dst, src_batch_index, size, src_layers, dst_layers,
+                                     tensor_num_per_layer)
         return self._post(lib.llmdd_push_kv_cache_async, args, src, notify, layerwise)
 
     def push_cache_to_blocks_async(self, src, dst, dst_blocks, src_batch_index=0, *,
@@ -414,49 +470,87 @@ class Instance:
         """Posts a push of local slot src_batch_index of src (a cache without
         blocks) into blocks of the remote block cache dst (CacheIndex,
         batch_index 0): chunk k of the slot lands in dst_blocks[k]."""
-        db, n = _blocks("dst_blocks", dst_blocks)
-        args = (src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
-                ctypes.byref(_index(dst, "dst")), _u32("src_batch_index", src_batch_index),
-                db, n, ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._push_to_blocks_args(src, dst, dst_blocks, src_batch_index, src_layers,
+                                         dst_layers, tensor_num_per_layer)
         return self._post(lib.llmdd_push_kv_cache_to_blocks_async, args, src, notify,
                           layerwise)
 
     def push_blocks_async(self, src, dst, src_blocks, dst_blocks, *, src_layers=None,
                           dst_layers=None, tensor_num_per_layer=2, notify=None,
                           layerwise=False):
-        sb, n = _blocks("src_blocks", src_blocks)
-        db, m = _blocks("dst_blocks", dst_blocks)
-        if n != m:
-            raise ValueError(f"src_blocks has {n} entries, dst_blocks {m}")
-        args = (src._ref(self) if isinstance(src, Cache) else _bad_cache("src"),
-                ctypes.byref(_index(dst, "dst")), sb, db, n,
-                ctypes.byref(_ext(src_layers, dst_layers, tensor_num_per_layer)))
+        args = self._blocks_args(src, "src", dst, src_blocks, dst_blocks, src_layers,
+                                 dst_layers, tensor_num_per_layer)
         return self._post(lib.llmdd_push_kv_blocks_async, args, src, notify, layerwise)
 
-    def pull_cache(self, *a, timeout_ms=None, **kw):
-        """pull_cache_async(...) then wait(): raises on failure."""
-        with self.pull_cache_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def pull_cache(self, src, dst, batch_index=0, size=-1, *, src_layers=None,
+                   dst_layers=None, tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        """Pulls as pull_cache_async does and returns once the bytes landed
+        (llmdd_pull_kv_cache); raises on failure. With notify or timeout_ms
+        (posted, then waited for up to timeout_ms)."""
+        args = self._pull_cache_args(src, dst, batch_index, size, src_layers, dst_layers,
+                                     tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_pull_kv_cache, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_pull_kv_cache")
+        else:
+            self._wait_posted(lib.llmdd_pull_kv_cache_async, args, dst, notify, timeout_ms)
 
-    def pull_blocks(self, *a, timeout_ms=None, **kw):
-        with self.pull_blocks_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def pull_blocks(self, src, dst, src_blocks, dst_blocks, *, src_layers=None,
+                    dst_layers=None, tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        args = self._blocks_args(dst, "dst", src, src_blocks, dst_blocks, src_layers,
+                                 dst_layers, tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_pull_kv_blocks, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_pull_kv_blocks")
+        else:
+            self._wait_posted(lib.llmdd_pull_kv_blocks_async, args, dst, notify, timeout_ms)
 
-    def pull_cache_to_blocks(self, *a, timeout_ms=None, **kw):
-        with self.pull_cache_to_blocks_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def pull_cache_to_blocks(self, src, dst, dst_blocks, *, src_layers=None, dst_layers=None,
+                             tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        args = self._to_blocks_args(src, dst, dst_blocks, src_layers, dst_layers,
+                                    tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_pull_kv_cache_to_blocks, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_pull_kv_cache_to_blocks")
+        else:
+            self._wait_posted(lib.llmdd_pull_kv_cache_to_blocks_async, args, dst, notify, timeout_ms)
 
-    def push_cache(self, *a, timeout_ms=None, **kw):
-        with self.push_cache_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def push_cache(self, src, dst, src_batch_index=0, size=-1, *, src_layers=None,
+                   dst_layers=None, tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        args = self._push_cache_args(src, dst, src_batch_index, size, src_layers, dst_layers,
+                                     tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_push_kv_cache, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_push_kv_cache")
+        else:
+            self._wait_posted(lib.llmdd_push_kv_cache_async, args, src, notify, timeout_ms)
 
-    def push_blocks(self, *a, timeout_ms=None, **kw):
-        with self.push_blocks_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def push_blocks(self, src, dst, src_blocks, dst_blocks, *, src_layers=None,
+                    dst_layers=None, tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        args = self._blocks_args(src, "src", dst, src_blocks, dst_blocks, src_layers,
+                                 dst_layers, tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_push_kv_blocks, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_push_kv_blocks")
+        else:
+            self._wait_posted(lib.llmdd_push_kv_blocks_async, args, src, notify, timeout_ms)
 
-    def push_cache_to_blocks(self, *a, timeout_ms=None, **kw):
-        with self.push_cache_to_blocks_async(*a, **kw) as r:
-            r.wait(timeout_ms)
+    def push_cache_to_blocks(self, src, dst, dst_blocks, src_batch_index=0, *,
+                             src_layers=None, dst_layers=None, tensor_num_per_layer=2,
+                             notify=None, timeout_ms=None):
+        args = self._push_to_blocks_args(src, dst, dst_blocks, src_batch_index, src_layers,
+                                         dst_layers, tensor_num_per_layer)
+        if notify is None and timeout_ms is None:
+            st = self._call(lib.llmdd_push_kv_cache_to_blocks, *args)
+            if st != 0:
+                raise LlmddError(st, "llmdd_push_kv_cache_to_blocks")
+        else:
+            self._wait_posted(lib.llmdd_push_kv_cache_to_blocks_async, args, src, notify, timeout_ms)
 
     def copy_cache(self, src, dst, src_batch_index=0, dst_batch_index=0, offset=0, size=-1):
         """Local copy of one slot of every tensor (offset/size per tensor)."""
@@ -602,26 +696,13 @@ class Instance:
             cap = need + 4096
 
     # -- asyncio support
-    def _waiter(self):
-        with self._waiter_lock:
+    def _completions(self):
+        with self._cq_lock:
             if self._dd is None:
                 raise LlmddError(Status.LLM_FAILED, "instance is closed")
-            if self._waiter_obj is None:
-                self._waiter_obj = _Waiter()
-            return self._waiter_obj
-
-    def _stop_waiter(self):
-        with self._waiter_lock:
-            w, self._waiter_obj = self._waiter_obj, None
-        if w is not None:
-            with w._cv:
-                items = list(w._pending)
-            for req, _loop, _fut in items:
-                try:
-                    req.cancel()
-                except (ValueError, LlmddError):
-                    pass
-            w.stop()
+            if self._cq is None:
+                self._cq = _Completions(self)
+            return self._cq
 
     def __repr__(self):
         state = "closed" if self._dd is None else "open"

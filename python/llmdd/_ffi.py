@@ -16,6 +16,7 @@ IP_LEN = 64
 NOTIFY_MAX = 1024
 KEY_MAX = 128
 XFER_LAYERWISE = 0x1
+XFER_COMPLETION = 0x2
 
 status_t = ctypes.c_uint32
 

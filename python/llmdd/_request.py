@@ -1,12 +1,13 @@
-"""Posted transfers: Request, and the one waiter thread per instance that
-completes awaited requests for asyncio."""
+"""Posted transfers: Request, and the router that settles awaited requests
+from the instance's completion queue."""
 
 import asyncio
-import collections
+import ctypes
 import threading
+import weakref
 
 from ._ffi import lib
-from ._status import Status, RequestTimeout, check
+from ._status import Status, LlmddError, RequestTimeout, check
 from ._values import _WAIT, _timeout, _u32
 
 # ----------------------------------------------------------------- requests
@@ -18,23 +19,25 @@ class Request:
     def __init__(self, instance, ptr, keep):
         self._instance = instance
         self._ptr = ptr
+        self._key = ptr.value        # the address the completion queue names
         self._keep = keep            # caches and arrays the transfer uses
-        self._users = 0
-        self._cv = threading.Condition(threading.Lock())
+        self._users = 0              # threads inside a call on _ptr
+        self._lock = threading.Lock()
+        self._idle = None            # a Condition on _lock, once close() waits
         self._final = None
 
     def _enter(self):
-        with self._cv:
+        with self._lock:
             if self._ptr is None:
                 raise ValueError("request is closed")
             self._users += 1
             return self._ptr
 
     def _leave(self):
-        with self._cv:
+        with self._lock:
             self._users -= 1
-            if self._users == 0:
-                self._cv.notify_all()
+            if self._users == 0 and self._idle is not None:
+                self._idle.notify_all()
 
     def _wait_raw(self, timeout_ms):
         ptr = self._enter()
@@ -61,7 +64,7 @@ class Request:
         """Waits until the transfer is done (timeout_ms None: no limit).
         Returns None on LLM_SUCCESS; raises RequestTimeout while in flight
         past timeout_ms, LlmddError with the final status otherwise."""
-        t = _timeout("timeout_ms", timeout_ms)
+        t = -1 if timeout_ms is None else _timeout("timeout_ms", timeout_ms)
         if self._final is not None:
             st = self._final
         elif t < 0:
@@ -97,20 +100,25 @@ class Request:
 
     def close(self):
         """Frees the request, cancelling it first if it is in flight."""
-        with self._cv:
+        with self._lock:
             ptr = self._ptr
             if ptr is None:
                 return
             self._ptr = None
-        with self._cv:
             busy = self._users
         if busy:
             lib.llmdd_request_cancel(ptr)   # wakes the other waiters
-            with self._cv:
+            with self._lock:
+                self._idle = threading.Condition(self._lock)
                 while self._users:
-                    self._cv.wait()
+                    self._idle.wait()
         lib.llmdd_request_free(ptr)         # cancels first if in flight
         self._keep = None
+        cq = self._instance._cq
+        if cq is not None and self._key in cq._waiting:
+            # Awaiting tasks wake and find the request closed. (An await
+            # that registers after this finds it closed by itself.)
+            cq.forget(self._key)
 
     def __enter__(self):
         return self
@@ -125,81 +133,137 @@ class Request:
             pass
 
     def __await__(self):
-        if self._final is None:
-            fut = self._instance._waiter().submit(self)
-            yield from fut.__await__()
+        while self._final is None:
+            cq = self._instance._completions()
+            fut = cq.watch(self)
+            if fut is None:
+                break
+            try:
+                yield from fut.__await__()
+            finally:
+                if not fut.done() or fut.cancelled():
+                    cq.forget(self._key, fut)
+            if self._wait_raw(0) != _WAIT:
+                break
         return self.wait(0)
 
 
-class _Waiter:
-    """One thread per instance completes the asyncio futures of awaited
-    requests: a blocking wait on the oldest request, in slices, then a
-    non-blocking test of the others. No thread per request, no busy loop."""
+class _Completions:
+    """An instance's completion queue, read on the loops that await.
 
-    SLICE_MS = 10
+    Every request the binding posts carries LLMDD_XFER_COMPLETION. An
+    ``await`` registers its future under the request's address, makes sure
+    its loop reads llmdd_completion_fd (a reader added on a loop's first
+    await stays until the instance is finalized or the loop goes), and then
+    tests the request once, so a request that ended before the registration
+    is seen. When the fd is readable the loop collects every ended request
+    (llmdd_get_completions) and settles the futures registered for them, on
+    their own loops. Completions of requests nobody awaits are collected
+    and dropped: wait() reads their status. No thread, no polling."""
 
-    def __init__(self):
-        self._cv = threading.Condition()
-        self._pending = collections.deque()   # (request, loop, future)
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="llmdd-waiter",
-                                        daemon=True)
-        self._thread.start()
+    CAP = 64
 
-    def submit(self, req):
+    def __init__(self, instance):
+        self._inst = instance
+        self._lock = threading.Lock()
+        self._waiting = {}                        # request address -> [(loop, future)]
+        self._loops = weakref.WeakKeyDictionary()  # loop -> the fd it reads
+        self._out = (ctypes.c_void_p * self.CAP)()
+        self._n = ctypes.c_size_t()
+        self._closed = False
+
+    def watch(self, req):
+        """A future of the running loop, settled once req may have ended;
+        None when it already has."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        with self._cv:
-            if self._stop:
-                raise ValueError("instance is closed")
-            self._pending.append((req, loop, fut))
-            self._cv.notify()
+        with self._lock:
+            if self._closed:
+                raise LlmddError(Status.LLM_FAILED, "instance is closed")
+            if loop not in self._loops:
+                fd = self._inst._call(lib.llmdd_completion_fd)
+                if fd < 0:
+                    raise LlmddError(Status.LLM_FAILED, "instance is not initialized")
+                loop.add_reader(fd, self._readable)
+                self._loops[loop] = fd
+            ents = self._waiting.get(req._key)
+            if ents is None:
+                self._waiting[req._key] = [(loop, fut)]
+            else:
+                ents.append((loop, fut))
+        try:
+            ended = req._wait_raw(0) != _WAIT
+        except BaseException:
+            self.forget(req._key, fut)
+            raise
+        if ended:
+            self.forget(req._key, fut)
+            return None
         return fut
 
-    @staticmethod
-    def _complete(loop, fut, st):
-        def set_():
-            if not fut.done():
-                fut.set_result(st)
-        try:
-            loop.call_soon_threadsafe(set_)
-        except RuntimeError:   # the loop is closed: nobody is waiting
-            pass
+    def forget(self, key, fut=None):
+        """Settles the futures registered for key (only fut, when given)."""
+        with self._lock:
+            ents = self._waiting.pop(key, None)
+            if ents is None:
+                return
+            if fut is not None:
+                rest = [e for e in ents if e[1] is not fut]
+                if rest:
+                    self._waiting[key] = rest
+                ents = [e for e in ents if e[1] is fut]
+        for loop, f in ents:
+            _settle(loop, f)
 
-    def _poll(self, item, timeout_ms):
-        req, loop, fut = item
-        if fut.cancelled():
-            return True
-        try:
-            st = req._wait_raw(timeout_ms)
-        except ValueError:     # closed meanwhile
-            st = int(Status.LLM_FAILED)
-        if st == _WAIT:
-            return False
-        self._complete(loop, fut, st)
-        return True
-
-    def _run(self):
-        while True:
-            with self._cv:
-                while not self._pending and not self._stop:
-                    self._cv.wait()
-                if self._stop and not self._pending:
+    def _readable(self):
+        keys = []
+        with self._lock:
+            while True:
+                try:
+                    st = self._inst._call(lib.llmdd_get_completions, self._out, self.CAP,
+                                          ctypes.byref(self._n))
+                except LlmddError:   # finalizing: shutdown() settles everyone
                     return
-                items = list(self._pending)
-            done = set()
-            if self._poll(items[0], self.SLICE_MS):
-                done.add(id(items[0]))
-            for it in items[1:]:
-                if self._poll(it, 0):
-                    done.add(id(it))
-            if done:
-                with self._cv:
-                    self._pending = collections.deque(
-                        it for it in self._pending if id(it) not in done)
+                n = self._n.value if st == 0 else 0
+                keys += self._out[:n]
+                if n < self.CAP:
+                    break
+        for k in keys:
+            if k in self._waiting:
+                self.forget(k)
 
-    def stop(self):
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self._thread.join()
+    def shutdown(self):
+        """After llmdd_finalize ended every request: settles every future
+        and drops the readers."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, {}
+            loops = list(self._loops.items())
+            self._loops.clear()
+        for ents in waiting.values():
+            for loop, fut in ents:
+                _settle(loop, fut)
+        for loop, fd in loops:
+            _on_loop(loop, loop.remove_reader, fd)
+
+
+def _on_loop(loop, fn, *args):
+    """Runs fn(*args) on loop's thread: now when this is it, else soon."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        fn(*args)
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:   # the loop is closed: nobody is waiting there
+        pass
+
+
+def _settle(loop, fut):
+    def set_():
+        if not fut.done():
+            fut.set_result(None)
+    _on_loop(loop, set_)

@@ -59,11 +59,16 @@ def _int(name, v, lo, hi):
     return v
 
 
+# The fast paths (an int in range) come first: these run on every transfer.
 def _u64(name, v):
+    if type(v) is int and 0 <= v <= U64_MAX:
+        return v
     return _int(name, v, 0, U64_MAX)
 
 
 def _u32(name, v):
+    if type(v) is int and 0 <= v <= _U32_MAX:
+        return v
     return _int(name, v, 0, _U32_MAX)
 
 
@@ -123,6 +128,15 @@ def _ext(src_layers, dst_layers, tensor_num_per_layer):
     # Checked by the library, and only where used (a range, a layer-wise push).
     e.tensor_num_per_layer = _int("tensor_num_per_layer", tensor_num_per_layer, 0, _U32_MAX)
     return e
+
+
+def _ext_ref(src_layers, dst_layers, tensor_num_per_layer):
+    """The ext argument of a transfer: None (NULL, the library's default)
+    for the defaults, else a checked structure."""
+    if (src_layers is None and dst_layers is None and type(tensor_num_per_layer) is int
+            and tensor_num_per_layer == 2):
+        return None
+    return _ext(src_layers, dst_layers, tensor_num_per_layer)
 
 
 _U64_ARRAY = ctypes.c_uint64 * 1
@@ -218,6 +232,11 @@ CacheIndex.__doc__ = "Names a remote cache's batch slot: (cluster_id, cache_id, 
 
 
 def _index(v, name="src"):
+    if type(v) is CacheIndex:   # the common case, checked inline
+        a, b, c = v
+        if (type(a) is int and type(b) is int and type(c) is int and 0 <= a <= U64_MAX
+                and -2**63 <= b <= _I64_MAX and 0 <= c <= _U32_MAX):
+            return _ffi.CacheIndexC(a, b, c)
     if getattr(v, "_is_local_cache", False):     # an llmdd.Cache
         raise TypeError(f"{name} must name a remote cache: CacheIndex(cluster_id, "
                         "cache_id, batch_index)")
@@ -285,6 +304,8 @@ def _role(role):
 
 
 def _size(size):
+    if type(size) is int and (size == -1 or 0 < size <= _I64_MAX):
+        return size
     _int("size", size, -1, _I64_MAX)
     if size == 0:
         raise ValueError("size must be -1 (whole slot) or > 0")
