@@ -101,8 +101,9 @@ main(int argc, char **argv)
     uint64_t large = strtoull(argv[8], NULL, 10);
     int liters = atoi(argv[9]);
     llmdd *dd;
-    llmdd_option o = {"llm.Transport", argv[2]};
-    if (llmdd_create(3, LLMDD_ROLE_DECODER, &dd) || llmdd_initialize(dd, &o, 1))
+    llmdd_option o[] = {{"llm.Transport", argv[2]},
+                        {"llm.SyncKvCacheWaitTime", "30000"}};
+    if (llmdd_create(3, LLMDD_ROLE_DECODER, &dd) || llmdd_initialize(dd, o, 2))
         return 1;
     llmdd_cache sc, lc;
     uint64_t addrs[2];
@@ -114,8 +115,10 @@ main(int argc, char **argv)
                              .remote_ip_infos = &ip,
                              .num_remote_ip_infos = 1};
     llmdd_status rets[1];
-    if (llmdd_link_clusters(dd, &ci, 1, rets, 5000))
+    if (llmdd_link_clusters(dd, &ci, 1, rets, 5000)) {
+        fprintf(stderr, "bench_calls: link failed\n");
         return 1;
+    }
     llmdd_cache_index src = {1, atoll(argv[3]), 0};
     llmdd_cache_index lsrc = {1, atoll(argv[7]), 0};
     int64_t *lat = calloc((size_t)iters, sizeof(*lat));
@@ -130,8 +133,10 @@ main(int argc, char **argv)
                                       ? -1
                                       : 0)
                                : posted(dd, &src, &sc, mode == 2);
-            if (rc != 0)
+            if (rc != 0) {
+                fprintf(stderr, "bench_calls: %s pull %d failed\n", names[mode], i);
                 return 1;
+            }
             if (i >= 0)
                 lat[i] = now_ns() - t;
         }
@@ -140,8 +145,11 @@ main(int argc, char **argv)
     int64_t *gb = calloc((size_t)liters + 1, sizeof(*gb));
     for (int i = -1; i < liters; i++) {
         int64_t t = now_ns();
-        if (llmdd_pull_kv_cache(dd, &lsrc, &lc, 0, -1, NULL))
+        llmdd_status st = llmdd_pull_kv_cache(dd, &lsrc, &lc, 0, -1, NULL);
+        if (st != LLM_SUCCESS) {
+            fprintf(stderr, "bench_calls: large pull: %s\n", llmdd_status_str(st));
             return 1;
+        }
         if (i >= 0)
             gb[i] = now_ns() - t;
     }

@@ -103,7 +103,7 @@ def c_round(a, port, cid, lid):
     out = subprocess.run(
         [a.c_bench, str(port), a.transport, str(cid), str(SLOTS), str(a.block_size),
          str(a.iters), str(lid), str(a.large_size), str(a.large_iters)],
-        check=True, capture_output=True, text=True).stdout
+        check=True, stdout=subprocess.PIPE, text=True).stdout
     res = {}
     for line in out.splitlines():
         name, v, _ = line.split()
@@ -136,7 +136,8 @@ def main():
     try:
         cid, lid = map(int, p.stdout.readline().split())
         with llmdd.Instance(2, llmdd.Role.DECODER,
-                            options={"llm.Transport": a.transport}) as dd:
+                            options={"llm.Transport": a.transport,
+                                     "llm.SyncKvCacheWaitTime": "30000"}) as dd:
             dd.link(1, f"127.0.0.1:{port}")
             sa = np.ones((SLOTS, a.block_size), np.uint8)
             la = np.ones((1, a.large_size), np.uint8)
