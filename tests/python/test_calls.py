@@ -42,8 +42,9 @@ def until(cond, what, timeout=10):
 
 @pytest.fixture
 def stoppable():
-    """A peer of this test's own, which the test may SIGSTOP (shorter than
-    the heartbeat's 3 s, so the link stays)."""
+    """A peer of this test's own, which the test may SIGSTOP for about the
+    wait time; the instances that link to it allow 100 missed heartbeats,
+    so the link stays however slow the machine is."""
     p = Peer(transport="tcp")
     yield p
     os.kill(p.proc.pid, signal.SIGCONT)
@@ -73,7 +74,8 @@ sys.path.insert(0, sys.argv[1])
 import llmdd
 addr, cid = sys.argv[2], int(sys.argv[3])
 with llmdd.Instance(41, llmdd.Role.DECODER, options={
-        "llm.SyncKvCacheWaitTime": "%d", "llm.Transport": "tcp"}) as dd:
+        "llm.SyncKvCacheWaitTime": "%d", "llm.Transport": "tcp",
+        "llm.HeartbeatMisses": "100"}) as dd:
     dd.link(1, addr)
     c = dd.allocate_cache(llmdd.CacheDesc(4, (8, 256)))
     dd.pull_cache((1, cid, 0), c, 0)        # the remote cache is known now
@@ -127,7 +129,8 @@ def test_ctrl_c_ends_a_sync_call_within_the_wait_time(stoppable):
 
 def test_close_from_another_thread_waits_for_a_sync_call(stoppable):
     dd = llmdd.Instance(42, llmdd.Role.DECODER, options={
-        "llm.SyncKvCacheWaitTime": str(WAIT_MS), "llm.Transport": "tcp"})
+        "llm.SyncKvCacheWaitTime": str(WAIT_MS), "llm.Transport": "tcp",
+        "llm.HeartbeatMisses": "100"})
     dd.link(1, stoppable.addr)
     c = dd.allocate_cache(llmdd.CacheDesc(4, (8, 256)))
     dd.pull_cache((1, stoppable.ids["A"], 0), c, 0)
