@@ -5,6 +5,7 @@ on the instance's completion fd, with no thread of the binding's own."""
 
 import asyncio
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -25,11 +26,29 @@ def threads():
     return len(os.listdir("/proc/self/task"))
 
 
-def sleeping(pid, tid=None):
-    """Whether the thread (the main one by default) sleeps in the kernel."""
-    path = f"/proc/{pid}/task/{tid or pid}/stat"
-    with open(path) as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+# poll(2), where the library waits for a socket (x86-64: poll; arm64 has
+# only ppoll).
+POLL_NR = {"x86_64": "7", "aarch64": "73"}[platform.machine()]
+
+
+def in_poll(pid, tid=None):
+    """Whether the thread (the main one by default) waits in poll(2): not
+    for the GIL (a futex), not running Python."""
+    with open(f"/proc/{pid}/task/{tid or pid}/syscall") as f:
+        return f.read().split()[0] == POLL_NR
+
+
+def stopped(pid):
+    """Whether every thread of pid has stopped (SIGSTOP is delivered to
+    each thread on its way back to user space, after kill() returned)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "T":
+                    return False
+        except FileNotFoundError:   # a thread that ended meanwhile
+            pass
+    return True
 
 
 def until(cond, what, timeout=10):
@@ -107,12 +126,11 @@ def test_ctrl_c_ends_a_sync_call_within_the_wait_time(stoppable):
     try:
         assert p.stdout.readline() == "ready\n"
         os.kill(stoppable.proc.pid, signal.SIGSTOP)
+        until(lambda: stopped(stoppable.proc.pid), "the peer did not stop")
         p.stdin.write("go\n")
         p.stdin.flush()
         assert p.stdout.readline() == "calling\n"
-        # The spinning thread holds the GIL in turns; the main thread sleeps
-        # only inside the library's wait for the peer.
-        until(lambda: sleeping(p.pid), "the call did not block")
+        until(lambda: in_poll(p.pid), "the call did not block")
         t = time.monotonic()
         p.send_signal(signal.SIGINT)
         out = p.stdout.readline().split()
@@ -144,9 +162,10 @@ def test_close_from_another_thread_waits_for_a_sync_call(stoppable):
         except llmdd.LlmddError as e:
             res.append(e.status)
     os.kill(stoppable.proc.pid, signal.SIGSTOP)
+    until(lambda: stopped(stoppable.proc.pid), "the peer did not stop")
     th = threading.Thread(target=call)
     th.start()
-    until(lambda: tid and sleeping(os.getpid(), tid[0]), "the call did not block")
+    until(lambda: tid and in_poll(os.getpid(), tid[0]), "the call did not block")
     t = time.monotonic()
     dd.close()
     took = time.monotonic() - t
