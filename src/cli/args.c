@@ -153,8 +153,8 @@ resolve_name(char *name, size_t cap)
     if (getaddrinfo(name, NULL, &hints, &ai) != 0)
         return false;
     for (struct addrinfo *a = ai; a != NULL; a = a->ai_next)
-        if (pick == NULL || (a->ai_family == AF_INET &&
-                             pick->ai_family != AF_INET))
+        if (pick == NULL ||
+            (a->ai_family == AF_INET && pick->ai_family != AF_INET))
             pick = a;
     bool ok = pick != NULL &&
               getnameinfo(pick->ai_addr, pick->ai_addrlen, name, (socklen_t)cap,

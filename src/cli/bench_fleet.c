@@ -300,8 +300,10 @@ bench_fleet(const bench_cfg *cfg)
         printf("  (no network namespaces: root or CAP_NET_ADMIN is needed; "
                "decoder %d is not cut off)\n",
                FLEET_CUT);
-    fleet_role role = {
-        .cfg = cfg, .index = -1, .netns = cut ? fleet_ns_a : NULL, .size = size};
+    fleet_role role = {.cfg = cfg,
+                       .index = -1,
+                       .netns = cut ? fleet_ns_a : NULL,
+                       .size = size};
     if (!fleet_start(&prompt, "prompt", &role, reply, sizeof(reply)) ||
         sscanf(reply, "READY %u %lld", &port, &src) != 2)
         goto out;
@@ -325,8 +327,8 @@ bench_fleet(const bench_cfg *cfg)
         goto out;
     kill(decs[FLEET_STOPPED].node.pid, SIGSTOP);
     if (cut)
-        fleet_run((const char *[]){"ip", "-n", fleet_ns_c, "link", "set", fleet_veth_c,
-                                   "down", NULL});
+        fleet_run((const char *[]){"ip", "-n", fleet_ns_c, "link", "set",
+                                   fleet_veth_c, "down", NULL});
     if (!fleet_phase_run(&prompt, decs, 0xffu, true, ms, &ph[1]))
         goto out;
 

@@ -121,7 +121,8 @@ fleet_ns_up(void)
     snprintf(fleet_ns_c, sizeof(fleet_ns_c), "llmddfc%d", pid);
     snprintf(veth_a, sizeof(veth_a), "lfa%d", pid % 1000000);
     snprintf(fleet_veth_c, sizeof(fleet_veth_c), "lfc%d", pid % 1000000);
-    if (fleet_run((const char *[]){"ip", "netns", "add", fleet_ns_a, NULL}) != 0)
+    if (fleet_run((const char *[]){"ip", "netns", "add", fleet_ns_a, NULL}) !=
+        0)
         return false;
     ns_made = true;
     atexit(fleet_ns_down);
@@ -129,12 +130,12 @@ fleet_ns_up(void)
     signal(SIGTERM, fleet_on_signal);
     const char *const cmds[][14] = {
         {"ip", "netns", "add", fleet_ns_c, NULL},
-        {"ip", "link", "add", veth_a, "netns", fleet_ns_a, "type", "veth", "peer",
-         "name", fleet_veth_c, "netns", fleet_ns_c, NULL},
+        {"ip", "link", "add", veth_a, "netns", fleet_ns_a, "type", "veth",
+         "peer", "name", fleet_veth_c, "netns", fleet_ns_c, NULL},
         {"ip", "-n", fleet_ns_a, "addr", "add", FLEET_NET "1/24", "dev", veth_a,
          NULL},
-        {"ip", "-n", fleet_ns_c, "addr", "add", FLEET_NET "2/24", "dev", fleet_veth_c,
-         NULL},
+        {"ip", "-n", fleet_ns_c, "addr", "add", FLEET_NET "2/24", "dev",
+         fleet_veth_c, NULL},
         {"ip", "-n", fleet_ns_a, "link", "set", veth_a, "up", NULL},
         {"ip", "-n", fleet_ns_c, "link", "set", fleet_veth_c, "up", NULL},
         {"ip", "-n", fleet_ns_a, "link", "set", "lo", "up", NULL},
@@ -196,7 +197,7 @@ fleet_cache(llmdd *dd, uint64_t size, llmdd_cache *c)
 }
 
 typedef struct {
-    int64_t cache;  /* its destination cache; -1: unknown */
+    int64_t cache; /* its destination cache; -1: unknown */
     llmdd_request *req;
     int64_t t0, next;
     uint32_t slot;
@@ -236,8 +237,8 @@ fleet_push_run(llmdd *dd, const llmdd_cache *src, fleet_target *t,
             llmdd_cache_index dst = {FLEET_DEC_ID + (uint64_t)i, t[i].cache,
                                      t[i].slot};
             o.notify = note;
-            o.notify_len = (size_t)snprintf(note, sizeof(note), "%u",
-                                            t[i].slot);
+            o.notify_len =
+                (size_t)snprintf(note, sizeof(note), "%u", t[i].slot);
             t[i].t0 = now;
             t[i].next = now + FLEET_PERIOD_MS * 1000000ll;
             llmdd_status st = llmdd_push_kv_cache_async(
@@ -407,8 +408,8 @@ fleet_flood(llmdd *dd, int64_t ms)
     return sent;
 }
 
-static void
-fleet_say(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fleet_say(FILE *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 static void
 fleet_say(FILE *out, const char *fmt, ...)
@@ -442,8 +443,8 @@ fleet_node_main(void *arg, int in_fd, int out_fd)
         fleet_say(out, "ERR cannot enter network namespace %s", r->netns);
         return CLI_EXIT_FAIL;
     }
-    llmdd_status st = fleet_instance(r, r->index < 0, &port, &dd, err,
-                                     sizeof(err));
+    llmdd_status st =
+        fleet_instance(r, r->index < 0, &port, &dd, err, sizeof(err));
     if (st == LLM_SUCCESS)
         st = fleet_cache(dd, r->size, &c);
     if (st == LLM_SUCCESS && r->index >= 0)
@@ -510,8 +511,8 @@ fleet_node_main(void *arg, int in_fd, int out_fd)
             fleet_say(out,
                       "OK %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
                       " %.0f %.0f %.0f %s",
-                      pr.ok, pr.failed, pr.mismatched, pr.pushes_seen, p50,
-                      p99, max, llmdd_status_str(pr.last_fail));
+                      pr.ok, pr.failed, pr.mismatched, pr.pushes_seen, p50, p99,
+                      max, llmdd_status_str(pr.last_fail));
             free(pr.lat.v);
         } else if (sscanf(line, "flood %lld", &ms) == 1) {
             fleet_say(out, "OK %" PRIu64, fleet_flood(dd, ms));

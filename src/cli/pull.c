@@ -85,9 +85,10 @@ pull_opt(void *ctx, int opt, const char *arg)
     switch (opt) {
     case 'c':
         if (!cli_parse_hostport(arg, 1, c->ip, sizeof(c->ip), &c->port))
-            return cli_usage_err("--connect: \"%s\" is not IP:PORT or HOST:PORT with "
-                                 "a port in 1..65535",
-                                 arg);
+            return cli_usage_err(
+                "--connect: \"%s\" is not IP:PORT or HOST:PORT with "
+                "a port in 1..65535",
+                arg);
         c->have_connect = true;
         break;
     case OPT_CLUSTER:
@@ -158,8 +159,8 @@ pull_parse(pull_cfg *c, int argc, char **argv)
 
     if (rc != 0)
         return rc;
-    if ((!c->have_connect && c->lo.metadata[0] == '\0') ||
-        !c->have_cluster || !c->have_remote)
+    if ((!c->have_connect && c->lo.metadata[0] == '\0') || !c->have_cluster ||
+        !c->have_remote)
         return cli_usage_err("--connect (or --metadata), --cluster-id and "
                              "--remote-cluster-id are required");
     if (c->cluster == c->remote)

@@ -37,8 +37,8 @@ static const char serve_usage[] =
     "                        publish this node in etcd under its cluster id\n"
     "                        (llm.MetadataServer; --listen must not be a\n"
     "                        wildcard address)\n"
-    "      --metadata-prefix P  the fleet's key prefix (llm.MetadataPrefix)\n"
-    CLI_SHAPE_HELP
+    "      --metadata-prefix P  the fleet's key prefix "
+    "(llm.MetadataPrefix)\n" CLI_SHAPE_HELP
     "      --metrics IP:PORT serve Prometheus metrics over HTTP at\n"
     "                        http://IP:PORT/metrics (`llmdd stats` reads "
     "them);\n"
@@ -86,9 +86,10 @@ serve_opt(void *ctx, int opt, const char *arg)
     switch (opt) {
     case 'l':
         if (!cli_parse_hostport(arg, 0, c->ip, sizeof(c->ip), &c->port))
-            return cli_usage_err("--listen: \"%s\" is not IP:PORT or HOST:PORT with a "
-                                 "port in 0..65535",
-                                 arg);
+            return cli_usage_err(
+                "--listen: \"%s\" is not IP:PORT or HOST:PORT with a "
+                "port in 0..65535",
+                arg);
         c->have_listen = true;
         break;
     case 'c':
@@ -103,9 +104,10 @@ serve_opt(void *ctx, int opt, const char *arg)
         break;
     case OPT_METRICS:
         if (!cli_parse_hostport(arg, 0, c->mip, sizeof(c->mip), &c->mport))
-            return cli_usage_err("--metrics: \"%s\" is not IP:PORT or HOST:PORT with a "
-                                 "port in 0..65535",
-                                 arg);
+            return cli_usage_err(
+                "--metrics: \"%s\" is not IP:PORT or HOST:PORT with a "
+                "port in 0..65535",
+                arg);
         c->have_metrics = true;
         break;
     default:
@@ -258,9 +260,9 @@ cli_serve(int argc, char **argv)
     }
     if (c.fill) {
         char size[32];
-        uint64_t all = cli_desc_tensor_size(&kv.desc) * kv.desc.num_tensors +
-                       cli_desc_tensor_size(&paged.desc) *
-                           paged.desc.num_tensors;
+        uint64_t all =
+            cli_desc_tensor_size(&kv.desc) * kv.desc.num_tensors +
+            cli_desc_tensor_size(&paged.desc) * paged.desc.num_tensors;
         printf("llmdd serve: filling %s of caches (Ctrl-C stops)\n",
                cli_fmt_bytes(size, sizeof(size), all));
     }
@@ -296,8 +298,7 @@ cli_serve(int argc, char **argv)
         printf("pull from it in another terminal (or host) with:\n"
                "  llmdd pull --connect %s --cluster-id %" PRIu64
                " --remote-cluster-id %" PRIu64 "%s%s%s\n%s",
-               addr, dec, c.cluster, flags, seedflag,
-               c.fill ? " --verify" : "",
+               addr, dec, c.cluster, flags, seedflag, c.fill ? " --verify" : "",
                any ? "  (from another host, put this host's address in "
                      "--connect)\n"
                    : "");

@@ -54,8 +54,12 @@ typedef struct {
     /* The peer's UNLINK (ctrl.c, unlink_serve): SERVING from its arrival;
      * DECIDED once whether our unlink crossed it was read; DONE when that
      * unlink's ACK, if any, was read. */
-    enum { PEER_UNLINK_NONE, PEER_UNLINK_SERVING, PEER_UNLINK_DECIDED,
-           PEER_UNLINK_DONE } peer_unlink;
+    enum {
+        PEER_UNLINK_NONE,
+        PEER_UNLINK_SERVING,
+        PEER_UNLINK_DECIDED,
+        PEER_UNLINK_DONE
+    } peer_unlink;
     bool reopening; /* a reopen job runs: the peer cannot spawn more */
 } llmdd__ctrl_link;
 

@@ -12,24 +12,33 @@ extern const llmdd_transport_ops llmdd__shm_ops;
 extern const llmdd_transport_ops llmdd__ucx_ops;
 extern const llmdd_transport_ops llmdd__tcp_ops;
 
-static const llmdd_transport_ops *const builtin[] = {
-    &llmdd__loop_ops,
 #ifdef LLMDD_HAVE_SHM
-    &llmdd__shm_ops,
+#define SHM_OPS (&llmdd__shm_ops)
+#else
+#define SHM_OPS NULL
 #endif
 #ifdef LLMDD_HAVE_UCX
-    &llmdd__ucx_ops,
+#define UCX_OPS (&llmdd__ucx_ops)
+#else
+#define UCX_OPS NULL
 #endif
-    &llmdd__tcp_ops,
+
+/* The one list of transports: every name llm.Transport accepts, in auto's
+ * order of preference, with its table when this build has it. */
+static const struct {
+    const char *name;
+    const llmdd_transport_ops *ops; /* NULL: not built in */
+} all[] = {
+    {"loop", &llmdd__loop_ops},
+    {"shm", SHM_OPS},
+    {"ucx", UCX_OPS},
+    {"tcp", &llmdd__tcp_ops},
 };
 
-/* Every name llm.Transport accepts, built in or not. */
-static const char *const known[] = {"loop", "shm", "tcp", "ucx"};
-
-#define NBUILTIN (sizeof(builtin) / sizeof(builtin[0]))
+#define NALL (sizeof(all) / sizeof(all[0]))
 
 /* The built-in transports whose tables are whole, set up once. */
-static const llmdd_transport_ops *transports[NBUILTIN];
+static const llmdd_transport_ops *transports[NALL];
 static size_t ntransports;
 static char list[64]; /* their names, comma-separated */
 static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
@@ -49,11 +58,15 @@ llmdd__transport_valid(const llmdd_transport_ops *ops)
 static void
 registry_init(void)
 {
-    for (size_t i = 0; i < NBUILTIN; i++) {
-        const llmdd_transport_ops *ops = builtin[i];
-        if (!llmdd__transport_valid(ops)) {
-            log_error("transport %s lacks a mandatory op; not registered",
-                      ops->name != NULL ? ops->name : "(unnamed)");
+    for (size_t i = 0; i < NALL; i++) {
+        const llmdd_transport_ops *ops = all[i].ops;
+        if (ops == NULL)
+            continue;
+        if (!llmdd__transport_valid(ops) ||
+            strcmp(ops->name, all[i].name) != 0) {
+            log_error(
+                "transport %s lacks a mandatory op or its name; not registered",
+                ops->name != NULL ? ops->name : "(unnamed)");
             continue;
         }
         size_t used = strlen(list);
@@ -81,8 +94,8 @@ llmdd__transport_find(const char *name)
 bool
 llmdd__transport_known(const char *name)
 {
-    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
-        if (strcmp(known[i], name) == 0)
+    for (size_t i = 0; i < NALL; i++)
+        if (strcmp(all[i].name, name) == 0)
             return true;
     return false;
 }

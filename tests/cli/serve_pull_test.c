@@ -189,12 +189,12 @@ test_sigint_stops_fill(void **state)
     (void)state;
     char line[512];
     cu_bg bg;
-    const char *args[] = {"serve",  "--listen",     "127.0.0.1:0",
-                          "--cluster-id", "7",      "--fill",
-                          "--num-layers", "16",     "--heads",
-                          "8",      "--head-dim",   "128",
-                          "--tokens", "4096",       "--batch",
-                          "8",      NULL};
+    const char *args[] = {
+        "serve",    "--listen", "127.0.0.1:0",  "--cluster-id",
+        "7",        "--fill",   "--num-layers", "16",
+        "--heads",  "8",        "--head-dim",   "128",
+        "--tokens", "4096",     "--batch",      "8",
+        NULL};
     cu_start(&bg, args);
     assert_true(cu_wait_line(&bg, "filling", line, sizeof(line), 60));
     assert_non_null(strstr(line, "filling 4 GiB of caches"));
@@ -202,15 +202,14 @@ test_sigint_stops_fill(void **state)
     clock_gettime(CLOCK_MONOTONIC, &a);
     cu_result r = cu_stop(&bg, SIGINT, 20);
     clock_gettime(CLOCK_MONOTONIC, &b);
-    long long took = (b.tv_sec - a.tv_sec) * 1000LL +
-                     (b.tv_nsec - a.tv_nsec) / 1000000;
+    long long took =
+        (b.tv_sec - a.tv_sec) * 1000LL + (b.tv_nsec - a.tv_nsec) / 1000000;
     if (r.code != 0 || strstr(r.out, "serving;") != NULL)
         cu_dump("serve", &r);
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "SIGINT: shutting down"));
     assert_null(strstr(r.out, "serving;")); /* it never started serving */
-    print_message("serve stopped %lld ms after SIGINT, mid-fill\n",
-                  took);
+    print_message("serve stopped %lld ms after SIGINT, mid-fill\n", took);
     cu_result_free(&r);
 }
 

@@ -290,7 +290,6 @@ test_cancel_latency(void **state)
     llmdd_destroy(dd);
 }
 
-
 /*
  * Cancel while the requester waits for a reply that cannot come: the peer
  * is stopped, its socket still takes the request. Each round stops the

@@ -161,8 +161,8 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
             for (uint64_t off = 0; off < r->len;) {
                 uint64_t n = r->len - off < SHM_COPY_PIECE ? r->len - off
                                                            : SHM_COPY_PIECE;
-                llmdd__copy(&b, dst + r->dst_off + off,
-                            src + r->src_off + off, n);
+                llmdd__copy(&b, dst + r->dst_off + off, src + r->src_off + off,
+                            n);
                 off += n;
                 if ((since += n) >= SHM_COPY_PIECE) {
                     since = 0;
@@ -294,11 +294,7 @@ shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
 {
     uint64_t total = llmdd__xfer_bytes(x);
     cma_pos start = {0, 0, 0};
-    cma_half h = {.sl = sl,
-                  .e = e,
-                  .x = x,
-                  .pos = start,
-                  .cancel = x->cancel};
+    cma_half h = {.sl = sl, .e = e, .x = x, .pos = start, .cancel = x->cancel};
     pthread_t th;
 
     if (total < SHM_CMA_SPLIT_BYTES)
