@@ -45,6 +45,7 @@ struct llmdd__meta {
     char key[LLMDD_META_PREFIX_MAX + 48];
     llmdd__meta_entry entry;
     int64_t ka_due; /* next keepalive */
+    bool lost;      /* our entry was deleted under a live lease */
 
     /* The thread's own. */
     int64_t watch_rev; /* the next revision to watch from */
@@ -185,8 +186,9 @@ keepalive(llmdd__meta *m)
 
     pthread_mutex_lock(&m->op_lock);
     pthread_mutex_lock(&m->lock);
-    bool pub = m->published;
+    bool pub = m->published, lost = m->lost;
     int64_t id = m->lease_id, ttl_ms = m->ttl_ms;
+    m->lost = false;
     pthread_mutex_unlock(&m->lock);
     if (!pub) {
         pthread_mutex_unlock(&m->op_lock);
@@ -195,16 +197,23 @@ keepalive(llmdd__meta *m)
     int64_t step = ttl_ms / 3, retry = step < KEEPALIVE_RETRY_MS
                                            ? step
                                            : KEEPALIVE_RETRY_MS;
-    int rc = llmdd__etcd_keepalive(&m->etcd, id, now + retry, &ttl);
+    int rc = lost ? ETCD_OK
+                  : llmdd__etcd_keepalive(&m->etcd, id, now + retry, &ttl);
     int64_t next = llmdd__now_ms() + step;
+    if (lost) {
+        /* The old lease holds nothing now: let it go. */
+        (void)llmdd__etcd_revoke(&m->etcd, id, now + retry);
+        ttl = 0;
+    }
     if (rc != ETCD_OK) {
         /* Links keep working while the server is away. */
         log_debug("metadata: keepalive failed; retrying");
         next = llmdd__now_ms() + retry;
     } else if (ttl <= 0) {
-        log_warn("metadata: the server lost the lease of %s (restarted "
-                 "without its data?); publishing again",
-                 m->key);
+        if (!lost)
+            log_warn("metadata: the server lost the lease of %s (restarted "
+                     "without its data?); publishing again",
+                     m->key);
         llmdd__meta_entry e = m->entry;
         char key[sizeof(m->key)];
         memcpy(key, m->key, sizeof(key));
@@ -266,6 +275,22 @@ watch_event(llmdd__meta *m, const cJSON *ev)
         llmdd__meta_entry_decode(val, (size_t)vlen, &e) == LLM_SUCCESS &&
         e.cluster_id == id)
         nonce = e.nonce;
+    /* Ours, deleted by someone else (an operator's delete): publish it
+     * again at once, under a new lease. */
+    pthread_mutex_lock(&m->lock);
+    bool ours = m->published && m->entry.cluster_id == id &&
+                m->entry.nonce == nonce;
+    if (ours) {
+        m->lost = true;
+        m->ka_due = 0;
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (ours) {
+        log_warn("metadata: our entry %s%" PRIu64 " was deleted; publishing "
+                 "it again",
+                 m->prefix, id);
+        return;
+    }
     log_info("metadata: cluster %" PRIu64 " left (its entry was deleted or "
              "expired)",
              id);

@@ -4,7 +4,7 @@
  * processes or instances of this process, the decoders are instances of
  * this process. Cases: link and pull by cluster id only, prefixes kept
  * apart, explicit addresses skipping the server, publishing that follows
- * set_role; a duplicate cluster id, a wildcard listen address and an
+ * set_role (and comes back when an operator deletes the entry); a duplicate cluster id, a wildcard listen address and an
  * unreachable server refused at initialize, fail-over to a second endpoint;
  * a stopped prompt's expired entry dropping the decoder's link, a killed
  * prompt's entry gone within lease + 1 s and a restart on this host
@@ -191,6 +191,12 @@ test_set_role_publishes(void **state)
     assert_int_equal(llmdd_set_role(dd, LLMDD_ROLE_PROMPT, listen, 1),
                      LLM_SUCCESS);
     assert_true(listed(NULL, 15));
+    /* Deleted by an operator under its live lease: published again. */
+    assert_int_equal(te_etcd_delete(&etcd, "llmdd/clusters/15"), 0);
+    int64_t back = wait_listed(NULL, 15, true, 2000);
+    print_message("deleted entry published again after %lld ms\n",
+                  (long long)back);
+    assert_true(back >= 0);
     llmdd *d = decoder(100, etcd.server, NULL);
     assert_int_equal(link_id(d, 15, 3000), LLM_SUCCESS);
     llmdd_cluster_info ci = {.remote_cluster_id = 15};

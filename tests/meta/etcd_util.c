@@ -1,6 +1,7 @@
 #include "etcd_util.h"
 
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -133,6 +134,37 @@ te_etcd_restart(te_etcd *e, bool wipe)
     if (wipe)
         rm_data(e);
     etcd_spawn(e);
+}
+
+static size_t
+discard(char *p, size_t size, size_t n, void *arg)
+{
+    (void)p;
+    (void)arg;
+    return size * n;
+}
+
+int
+te_etcd_delete(te_etcd *e, const char *key)
+{
+    char url[96], b64[256], body[320];
+    CURL *h = curl_easy_init();
+    long code = 0;
+
+    if (h == NULL)
+        return -1;
+    llmdd__b64_encode(key, strlen(key), b64, sizeof(b64));
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", b64);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/v3/kv/deleterange",
+             e->client);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(h);
+    return cc == CURLE_OK && code == 200 ? 0 : -1;
 }
 
 void

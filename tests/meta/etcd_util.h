@@ -28,6 +28,9 @@ void te_etcd_start(te_etcd *e);
 void te_etcd_stop(te_etcd *e, int sig);
 /* Starts it again on the same ports, with its data or with none. */
 void te_etcd_restart(te_etcd *e, bool wipe);
+/* Deletes key as an operator would (the gateway's deleterange); 0 when
+ * etcd answered. */
+int te_etcd_delete(te_etcd *e, const char *key);
 /* Stops it and removes its directory; safe to call twice. */
 void te_etcd_destroy(te_etcd *e);
 
