@@ -228,7 +228,7 @@ ping(attacker *a, uint64_t key)
 {
     uint8_t hdr[LLMDD_UCX_PING_SIZE];
 
-    llmdd__ucx_ping_encode(key, hdr, sizeof(hdr));
+    llmdd__wire_i64_encode((int64_t)key, hdr, sizeof(hdr));
     send_am(a, LLMDD_UCX_AM_PING, hdr, sizeof(hdr), NULL, 0);
 }
 

@@ -60,9 +60,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     case 3: {
         llmdd__ucx_amreq m;
-        uint64_t key;
-        if (llmdd__ucx_ping_decode(p, len, &key) == 0)
-            same(p, len, llmdd__ucx_ping_encode(key, out, sizeof(out)));
+        int64_t key; /* PING: the common single-integer codec */
+        if (llmdd__wire_i64_decode(p, len, &key) == 0)
+            same(p, len, llmdd__wire_i64_encode(key, out, sizeof(out)));
         if (llmdd__ucx_amreq_decode(p, len, &m) != 0)
             return 0;
         FUZZ_CHECK(m.len >= 1 && m.len <= LLMDD_UCX_AM_CHUNK &&

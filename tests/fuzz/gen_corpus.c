@@ -400,7 +400,7 @@ gen_ucx(void)
     ucx("revoke_ack", 2, p, n);
     n = llmdd__ucx_amreq_encode(&am, p, sizeof(p));
     ucx("am_get", 3, p, n);
-    n = llmdd__ucx_ping_encode(0x5eed, p, sizeof(p));
+    n = llmdd__wire_i64_encode(0x5eed, p, sizeof(p));
     ucx("am_ping", 3, p, n);
     n = llmdd__ucx_reply_encode(&m, p, sizeof(p));
     ucx("reply", 4, p, n);

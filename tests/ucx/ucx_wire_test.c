@@ -145,15 +145,15 @@ test_amreq(void **state)
         assert_int_equal(llmdd__ucx_amreq_decode(buf, n, &out), -1);
     }
 
-    /* PING: the key, exactly. */
-    uint64_t key = 0;
-    n = llmdd__ucx_ping_encode(m.key, buf, sizeof(buf));
+    /* PING: the key, exactly (the common single-integer codec). */
+    int64_t key = 0;
+    n = llmdd__wire_i64_encode((int64_t)m.key, buf, sizeof(buf));
     assert_int_equal(n, LLMDD_UCX_PING_SIZE);
-    assert_int_equal(llmdd__ucx_ping_decode(buf, n, &key), 0);
-    assert_int_equal(key, m.key);
-    assert_int_equal(llmdd__ucx_ping_decode(buf, n - 1, &key), -1);
-    assert_int_equal(llmdd__ucx_ping_decode(buf, n + 1, &key), -1);
-    assert_int_equal(llmdd__ucx_ping_decode(NULL, 0, &key), -1);
+    assert_int_equal(llmdd__wire_i64_decode(buf, n, &key), 0);
+    assert_int_equal((uint64_t)key, m.key);
+    assert_int_equal(llmdd__wire_i64_decode(buf, n - 1, &key), -1);
+    assert_int_equal(llmdd__wire_i64_decode(buf, n + 1, &key), -1);
+    assert_int_equal(llmdd__wire_i64_decode(NULL, 0, &key), -1);
 }
 
 static void

@@ -143,15 +143,15 @@ llmdd__ucx_am_ping(void *arg, const void *header, size_t hlen, void *data,
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_EAGER};
     ucx_link *ul = arg;
-    uint64_t key;
+    int64_t key;
 
     (void)data;
-    if (llmdd__ucx_ping_decode(header, hlen, &key) != 0 || len != 0 ||
+    if (llmdd__wire_i64_decode(header, hlen, &key) != 0 || len != 0 ||
         !(prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         ucx_am_broken(ul, "PING");
         return UCS_OK;
     }
-    if (key != ul->key) {
+    if ((uint64_t)key != ul->key) {
         ucx_am_stranger(ul, "PING");
         return UCS_OK;
     }

@@ -230,7 +230,7 @@ llmdd__ucx_ep_wire(ucx_link *ul, int s, int64_t deadline)
     };
     uint8_t hdr[LLMDD_UCX_PING_SIZE]; /* the send ends before we return */
 
-    llmdd__ucx_ping_encode(ul->peer_key, hdr, sizeof(hdr));
+    llmdd__wire_i64_encode((int64_t)ul->peer_key, hdr, sizeof(hdr));
     ucs_status_ptr_t sp = ucp_am_send_nbx(e->ep, LLMDD_UCX_AM_PING, hdr,
                                           sizeof(hdr), NULL, 0, &p);
 

@@ -82,27 +82,6 @@ llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len, llmdd__ucx_amreq *out)
 }
 
 size_t
-llmdd__ucx_ping_encode(uint64_t key, uint8_t *buf, size_t cap)
-{
-    llmdd__wbuf w = LLMDD__WBUF(buf, cap);
-
-    llmdd__put_u64(&w, key);
-    return llmdd__wdone(&w);
-}
-
-int
-llmdd__ucx_ping_decode(const uint8_t *buf, size_t len, uint64_t *key)
-{
-    llmdd__rbuf r = LLMDD__RBUF(buf, len);
-    uint64_t k = llmdd__get_u64(&r);
-
-    if (llmdd__rdone(&r) != 0)
-        return -1;
-    *key = k;
-    return 0;
-}
-
-size_t
 llmdd__ucx_req_encode(uint64_t seq, int64_t id, uint8_t *buf, size_t cap)
 {
     llmdd__wbuf w = LLMDD__WBUF(buf, cap);

@@ -118,9 +118,7 @@ size_t llmdd__ucx_amreq_encode(const llmdd__ucx_amreq *m, uint8_t *buf,
 int llmdd__ucx_amreq_decode(const uint8_t *buf, size_t len,
                             llmdd__ucx_amreq *out);
 
-/* PING: the key alone. */
-size_t llmdd__ucx_ping_encode(uint64_t key, uint8_t *buf, size_t cap);
-int llmdd__ucx_ping_decode(const uint8_t *buf, size_t len, uint64_t *key);
+/* PING: the key alone, llmdd__wire_i64_encode's 8 bytes. */
 
 /* QUERY and REVOKE. */
 size_t llmdd__ucx_req_encode(uint64_t seq, int64_t id, uint8_t *buf,
