@@ -347,6 +347,7 @@ test_hostile_gateway(void **state)
         {TE_FAKE_OVERSIZED, LLM_FAILED, 0},
         {TE_FAKE_HTTP404, LLM_FAILED, 0},
         {TE_FAKE_BAD_VALUE, LLM_SUCCESS, LLM_LINK_FAILED},
+        {TE_FAKE_BIG_VALUE, LLM_SUCCESS, LLM_LINK_FAILED},
         {TE_FAKE_UNKNOWN, LLM_SUCCESS, LLM_SUCCESS},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

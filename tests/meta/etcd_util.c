@@ -187,7 +187,7 @@ static struct {
     int stop_pipe[2];
     pthread_t thread;
     enum te_fake_mode mode;
-    char entry_b64[LLMDD_META_VALUE_MAX * 2];
+    char entry_b64[LLMDD_META_VALUE_MAX * 4];
     atomic_int count;
 } fake = {.lfd = -1};
 
@@ -242,7 +242,7 @@ read_request(int fd, char *buf, size_t cap)
 static void
 serve_one(int fd)
 {
-    char req[8192], body[LLMDD_META_VALUE_MAX * 3];
+    char req[8192], body[LLMDD_META_VALUE_MAX * 5];
 
     if (!read_request(fd, req, sizeof(req)))
         return;
@@ -269,8 +269,9 @@ serve_one(int fd)
         answer(fd, 404, body, strlen(body));
         break;
     case TE_FAKE_BAD_VALUE:
+    case TE_FAKE_BIG_VALUE:
     case TE_FAKE_UNKNOWN: {
-        bool unknown = fake.mode == TE_FAKE_UNKNOWN;
+        bool unknown = fake.mode != TE_FAKE_BAD_VALUE;
         const char *value = unknown ? fake.entry_b64 : "bm90IGFuIGVudHJ5"; /* "not an entry" */
         if (strstr(req, "/v3/watch") != NULL) {
             /* One created message, then the stream ends. */
@@ -338,8 +339,21 @@ te_fake_start(enum te_fake_mode mode, uint64_t cluster, const char *ip,
     char more[LLMDD_META_VALUE_MAX + 64];
     snprintf(more, sizeof(more),
              "{\"later\":{\"x\":[1,\"y\"]},\"zone\":\"a\",%s", json + 1);
-    llmdd__b64_encode(more, strlen(more), fake.entry_b64,
-                      sizeof(fake.entry_b64));
+    if (mode == TE_FAKE_BIG_VALUE) { /* the entry, padded past 4 KiB */
+        char *big = malloc(2 * LLMDD_META_VALUE_MAX + 1);
+        assert_non_null(big);
+        size_t m = strlen(more);
+        memcpy(big, more, m - 1);
+        memset(big + m - 1, ' ', 2 * LLMDD_META_VALUE_MAX - m);
+        big[2 * LLMDD_META_VALUE_MAX - 1] = '}';
+        big[2 * LLMDD_META_VALUE_MAX] = '\0';
+        llmdd__b64_encode(big, strlen(big), fake.entry_b64,
+                          sizeof(fake.entry_b64));
+        free(big);
+    } else {
+        llmdd__b64_encode(more, strlen(more), fake.entry_b64,
+                          sizeof(fake.entry_b64));
+    }
     fake.mode = mode;
     atomic_store(&fake.count, 0);
     fake.lfd = th_socket(true, &fport);

@@ -41,6 +41,7 @@ enum te_fake_mode {
     TE_FAKE_BAD_VALUE, /* a range whose value is not an entry */
     TE_FAKE_UNKNOWN,   /* valid answers full of fields etcd never sends */
     TE_FAKE_HTTP404,   /* an error answer */
+    TE_FAKE_BIG_VALUE, /* a range whose value is 8 KiB (entries: 4 KiB) */
 };
 /*
  * Serves on a free loopback port until te_fake_stop. With TE_FAKE_UNKNOWN,
