@@ -544,12 +544,22 @@ typedef struct {
 } llmdd_kv_layout;
 
 /* llmdd_allocate_cache with a layout. */
+LLMDD_API llmdd_status llmdd_allocate_cache_layout(
+    llmdd *dd, const llmdd_cache_desc *desc, const llmdd_kv_layout *layout,
+    llmdd_cache *cache_out);
 /* llmdd_register_kv_cache with a layout. */
+LLMDD_API llmdd_status llmdd_register_kv_cache_layout(
+    llmdd *dd, const llmdd_cache_desc *desc, const llmdd_kv_layout *layout,
+    const uint64_t *addrs, size_t num_addrs, int64_t *id_out);
 /*
  * The layout of a linked peer's cache, for a check at startup (it asks the
  * peer): LLM_NOT_YET_LINK without a link, LLM_KV_CACHE_NOT_EXIST for an
  * unknown cache, LLM_CACHE_INCOMPATIBLE when it has no layout.
  */
+LLMDD_API llmdd_status llmdd_query_remote_layout(llmdd *dd,
+                                                 uint64_t cluster_id,
+                                                 int64_t cache_id,
+                                                 llmdd_kv_layout *layout_out);
 
 typedef struct {
     const uint64_t *blocks; /* this side's block table for the request */
@@ -576,6 +586,24 @@ typedef struct {
  * moves nothing and carries only the notification. opts->notify reaches
  * each peer once, after that peer's bytes landed.
  */
+LLMDD_API llmdd_status llmdd_pull_kv_slices_async(
+    llmdd *dd, const llmdd_cache_index *srcs, const llmdd_kv_slice *slices,
+    size_t n, const llmdd_cache *dst_cache, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+LLMDD_API llmdd_status llmdd_push_kv_slices_async(
+    llmdd *dd, const llmdd_cache *src_cache, const llmdd_cache_index *dsts,
+    const llmdd_kv_slice *slices, size_t n, const llmdd_xfer_opts *opts,
+    llmdd_request **req_out);
+LLMDD_API llmdd_status llmdd_pull_kv_slices(llmdd *dd,
+                                            const llmdd_cache_index *srcs,
+                                            const llmdd_kv_slice *slices,
+                                            size_t n,
+                                            const llmdd_cache *dst_cache);
+LLMDD_API llmdd_status llmdd_push_kv_slices(llmdd *dd,
+                                            const llmdd_cache *src_cache,
+                                            const llmdd_cache_index *dsts,
+                                            const llmdd_kv_slice *slices,
+                                            size_t n);
 
 /* A piece of llmdd_tp_plan: source rank `rank` gives heads [head_begin,
  * head_end); an empty range: that rank only gets the notification. */

@@ -423,3 +423,99 @@ llmdd__wire_rw_decode(const uint8_t *buf, size_t len, llmdd__rw_req *out)
         return -1;
     return 0;
 }
+
+size_t
+llmdd__wire_layout_query_encode(const llmdd__layout_query *m, uint8_t *buf,
+                                size_t cap)
+{
+    llmdd__wbuf w = LLMDD__WBUF(buf, cap);
+
+    llmdd__put_u64(&w, m->seq);
+    llmdd__put_u64(&w, (uint64_t)m->cache_id);
+    return llmdd__wdone(&w);
+}
+
+int
+llmdd__wire_layout_query_decode(const uint8_t *buf, size_t len,
+                                llmdd__layout_query *out)
+{
+    llmdd__rbuf r = LLMDD__RBUF(buf, len);
+    llmdd__layout_query m;
+
+    m.seq = llmdd__get_u64(&r);
+    m.cache_id = (int64_t)llmdd__get_u64(&r);
+    if (llmdd__rdone(&r) != 0)
+        return -1;
+    *out = m;
+    return 0;
+}
+
+size_t
+llmdd__wire_layout_reply_encode(const llmdd__layout_reply *m, uint8_t *buf,
+                                size_t cap)
+{
+    llmdd__wbuf w = LLMDD__WBUF(buf, cap);
+    const llmdd_kv_layout *l = &m->layout;
+
+    if (l->num_dims > LLMDD_KV_MAX_DIMS)
+        return 0;
+    llmdd__put_u64(&w, m->seq);
+    llmdd__put_u32(&w, m->status);
+    llmdd__put_u8(&w, (uint8_t)l->num_dims);
+    for (int i = 0; i < LLMDD_KV_MAX_DIMS; i++)
+        llmdd__put_u8(&w, i < (int)l->num_dims ? (uint8_t)l->order[i] : 0);
+    llmdd__put_u32(&w, l->block_size);
+    llmdd__put_u32(&w, l->num_heads);
+    llmdd__put_u32(&w, l->head_first);
+    llmdd__put_u32(&w, l->total_heads);
+    llmdd__put_u32(&w, l->head_bytes);
+    llmdd__put_u32(&w, l->num_parts);
+    llmdd__put_u64(&w, l->compat_tag);
+    return llmdd__wdone(&w);
+}
+
+int
+llmdd__wire_layout_reply_decode(const uint8_t *buf, size_t len,
+                                llmdd__layout_reply *out)
+{
+    llmdd__rbuf r = LLMDD__RBUF(buf, len);
+    llmdd__layout_reply m;
+    llmdd_kv_layout *l = &m.layout;
+
+    memset(&m, 0, sizeof(m));
+    m.seq = llmdd__get_u64(&r);
+    m.status = llmdd__get_u32(&r);
+    l->num_dims = llmdd__get_u8(&r);
+    uint8_t dims[LLMDD_KV_MAX_DIMS];
+    for (int i = 0; i < LLMDD_KV_MAX_DIMS; i++)
+        dims[i] = llmdd__get_u8(&r);
+    l->block_size = llmdd__get_u32(&r);
+    l->num_heads = llmdd__get_u32(&r);
+    l->head_first = llmdd__get_u32(&r);
+    l->total_heads = llmdd__get_u32(&r);
+    l->head_bytes = llmdd__get_u32(&r);
+    l->num_parts = llmdd__get_u32(&r);
+    l->compat_tag = llmdd__get_u64(&r);
+    if (llmdd__rdone(&r) != 0)
+        return -1;
+    if (m.status == LLM_SUCCESS) {
+        if (l->num_dims != 4 && l->num_dims != 5)
+            return -1;
+        for (int i = 0; i < LLMDD_KV_MAX_DIMS; i++) {
+            bool used = i < (int)l->num_dims;
+            if (used ? dims[i] < LLMDD_KV_DIM_BLOCK ||
+                           dims[i] > LLMDD_KV_DIM_BYTES
+                     : dims[i] != 0)
+                return -1;
+            l->order[i] = used ? (llmdd_kv_dim)dims[i] : (llmdd_kv_dim)0;
+        }
+    } else if (l->num_dims != 0) {
+        return -1;
+    } else {
+        for (int i = 0; i < LLMDD_KV_MAX_DIMS; i++)
+            if (dims[i] != 0)
+                return -1;
+    }
+    *out = m;
+    return 0;
+}

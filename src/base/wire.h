@@ -43,6 +43,8 @@ enum llmdd__msg_type {
     WMSG_CONFIRM = 3,
     WMSG_RESULT = 4,
     WMSG_DATA_REPLY = 5,
+    WMSG_LAYOUT_QUERY = 6, /* control connection: a cache's KV layout */
+    WMSG_LAYOUT_REPLY = 7,
     WMSG_UNLINK = 10,
     WMSG_UNLINK_ACK = 11,
     WMSG_REOPEN = 12,
@@ -178,6 +180,32 @@ size_t llmdd__wire_result_encode(const llmdd__result *m, uint8_t *buf,
                                  size_t cap);
 int llmdd__wire_result_decode(const uint8_t *buf, size_t len,
                               llmdd__result *out);
+
+/*
+ * LAYOUT_QUERY: seq, cache id. LAYOUT_REPLY: seq, status (LLM_SUCCESS with
+ * the layout; LLM_KV_CACHE_NOT_EXIST; LLM_CACHE_INCOMPATIBLE: no layout),
+ * and the layout's fields (zero unless LLM_SUCCESS). The decoder checks
+ * only the encoding (num_dims 4 or 5, dims 1..5): the requester checks the
+ * layout itself (core/slices.h) and against the cache's description.
+ */
+typedef struct {
+    uint64_t seq;
+    int64_t cache_id;
+} llmdd__layout_query;
+typedef struct {
+    uint64_t seq;
+    uint32_t status;
+    llmdd_kv_layout layout;
+} llmdd__layout_reply;
+#define LLMDD_WIRE_LAYOUT_REPLY_LEN 50
+size_t llmdd__wire_layout_query_encode(const llmdd__layout_query *m,
+                                       uint8_t *buf, size_t cap);
+int llmdd__wire_layout_query_decode(const uint8_t *buf, size_t len,
+                                    llmdd__layout_query *out);
+size_t llmdd__wire_layout_reply_encode(const llmdd__layout_reply *m,
+                                       uint8_t *buf, size_t cap);
+int llmdd__wire_layout_reply_decode(const uint8_t *buf, size_t len,
+                                    llmdd__layout_reply *out);
 
 size_t llmdd__wire_key_query_encode(const llmdd__key_query *m, uint8_t *buf,
                                     size_t cap);

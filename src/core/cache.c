@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/slices.h"
 
 #define TENSOR_ALIGN 4096u
 
@@ -578,9 +579,28 @@ ready(llmdd *dd)
     return dd->initialized ? LLM_SUCCESS : LLM_FAILED;
 }
 
-llmdd_status
-llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
-                     llmdd_cache *cache_out)
+/* A layout, when given, must fit the desc (core/slices.h); no layout:
+ * LLM_SUCCESS. */
+static llmdd_status
+layout_fits(const llmdd_kv_layout *layout, uint64_t stride)
+{
+    if (layout == NULL)
+        return LLM_SUCCESS;
+    return llmdd__layout_check(layout, stride, NULL);
+}
+
+static void
+layout_set(llmdd__cache *c, const llmdd_kv_layout *layout)
+{
+    if (layout != NULL) {
+        c->has_layout = true;
+        c->layout = *layout;
+    }
+}
+
+static llmdd_status
+allocate(llmdd *dd, const llmdd_cache_desc *desc,
+         const llmdd_kv_layout *layout, llmdd_cache *cache_out)
 {
     uint64_t tensor_size, stride;
     llmdd_status st;
@@ -592,7 +612,8 @@ llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
     if ((st = ready(dd)) != LLM_SUCCESS)
         goto out;
     if (cache_out == NULL ||
-        (st = llmdd__desc_check(desc, &tensor_size, &stride)) != LLM_SUCCESS) {
+        (st = llmdd__desc_check(desc, &tensor_size, &stride)) != LLM_SUCCESS ||
+        layout_fits(layout, stride) != LLM_SUCCESS) {
         st = LLM_PARAM_INVALID;
         goto out;
     }
@@ -612,6 +633,7 @@ llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
         goto out;
     }
     c->allocated = true;
+    layout_set(c, layout);
     for (uint32_t i = 0; i < desc->num_tensors; i++)
         c->addrs[i] = (uint64_t)(uintptr_t)(c->mem.base + i * c->mem.pitch);
     if ((st = cache_insert(dd, c)) != LLM_SUCCESS) {
@@ -640,10 +662,10 @@ llmdd_deallocate_cache(llmdd *dd, int64_t cache_id)
     return st;
 }
 
-llmdd_status
-llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
-                        const uint64_t *addrs, size_t num_addrs,
-                        int64_t *cache_id_out)
+static llmdd_status
+register_cache(llmdd *dd, const llmdd_cache_desc *desc,
+               const llmdd_kv_layout *layout, const uint64_t *addrs,
+               size_t num_addrs, int64_t *cache_id_out)
 {
     uint64_t tensor_size, stride;
     llmdd_status st;
@@ -657,7 +679,8 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
     st = LLM_PARAM_INVALID;
     if (cache_id_out == NULL || addrs == NULL || num_addrs == 0 ||
         llmdd__desc_check(desc, &tensor_size, &stride) != LLM_SUCCESS ||
-        num_addrs != desc->num_tensors)
+        num_addrs != desc->num_tensors ||
+        layout_fits(layout, stride) != LLM_SUCCESS)
         goto out;
     for (size_t i = 0; i < num_addrs; i++) {
         uint64_t end;
@@ -673,6 +696,7 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
         goto out;
     }
     memcpy(c->addrs, addrs, num_addrs * sizeof(*addrs));
+    layout_set(c, layout);
     if ((st = cache_insert(dd, c)) != LLM_SUCCESS) {
         cache_free(dd, c);
         goto out;
@@ -681,6 +705,42 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
 out:
     pthread_mutex_unlock(&dd->lock);
     return st;
+}
+
+llmdd_status
+llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                     llmdd_cache *cache_out)
+{
+    return allocate(dd, desc, NULL, cache_out);
+}
+
+llmdd_status
+llmdd_allocate_cache_layout(llmdd *dd, const llmdd_cache_desc *desc,
+                            const llmdd_kv_layout *layout,
+                            llmdd_cache *cache_out)
+{
+    if (layout == NULL)
+        return LLM_PARAM_INVALID;
+    return allocate(dd, desc, layout, cache_out);
+}
+
+llmdd_status
+llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
+                        const uint64_t *addrs, size_t num_addrs,
+                        int64_t *cache_id_out)
+{
+    return register_cache(dd, desc, NULL, addrs, num_addrs, cache_id_out);
+}
+
+llmdd_status
+llmdd_register_kv_cache_layout(llmdd *dd, const llmdd_cache_desc *desc,
+                               const llmdd_kv_layout *layout,
+                               const uint64_t *addrs, size_t num_addrs,
+                               int64_t *id_out)
+{
+    if (layout == NULL)
+        return LLM_PARAM_INVALID;
+    return register_cache(dd, desc, layout, addrs, num_addrs, id_out);
 }
 
 llmdd_status

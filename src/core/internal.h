@@ -50,6 +50,8 @@ typedef struct llmdd__cache {
     uint64_t stride;
     uint64_t *addrs; /* num_tensors entries */
     bool allocated;  /* else registered user memory */
+    bool has_layout; /* made with a KV layout (fixed for its life) */
+    llmdd_kv_layout layout;
     llmdd__mem mem;  /* when allocated */
     int refs;        /* transfers in progress; guarded by dd->lock */
     bool dead;       /* removed from the registry, waiting for refs == 0 */
@@ -259,11 +261,23 @@ uint32_t llmdd__user_timeout(llmdd *dd);
  * req_out NULL: runs it on the calling thread and returns its status (the
  * synchronous calls); else posts it to the workers.
  */
+/* One peer's part of a request: slice transfers carry several (one per
+ * slice); legs of one group go to one peer and share its notification. */
+typedef struct {
+    llmdd__link *link;
+    llmdd__remote_cache *rc;
+    llmdd__xfer x; /* x.local and x.runs malloc'd; nruns 0: notify only */
+    uint32_t group;
+} llmdd__request_leg;
 typedef struct {
     llmdd__link *link;
     llmdd__cache *lc;
     llmdd__remote_cache *rc;
     llmdd__xfer x;
+    /* nlegs > 0: the legs (malloc'd, with their references and arrays)
+     * instead of link, rc and x; groups numbered 0..ngroups-1. */
+    llmdd__request_leg *legs;
+    uint32_t nlegs, ngroups;
     uint32_t flags; /* LLMDD_XFER_* */
     uint32_t tnpl;  /* tensors a layer, for LLMDD_XFER_LAYERWISE */
     const void *notify;
@@ -305,6 +319,10 @@ int llmdd__notify_link_init(llmdd__link *link);
 void llmdd__notify_link_fini(llmdd__link *link);
 llmdd_status llmdd__notify_init(llmdd *dd);
 void llmdd__notify_fini(llmdd *dd);
+
+/* KV layouts (slice_xfer.c). The control thread hands a LAYOUT_QUERY
+ * here; the answer is queued, never waited on. */
+bool llmdd__layouts_serve(llmdd__link *link, const uint8_t *buf, size_t len);
 
 /* Cache keys (keys.c). The control thread hands a KEY_QUERY here. */
 bool llmdd__keys_serve(llmdd__link *link, const uint8_t *buf, size_t len);

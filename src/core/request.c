@@ -59,6 +59,7 @@
 
 typedef struct job {
     llmdd_request *req;
+    uint32_t leg;
     int32_t layer; /* -1: the whole transfer */
     int64_t deadline;
     struct job *next;
@@ -94,12 +95,15 @@ enum req_state { RQ_ACTIVE, RQ_ENDING, RQ_FINISHING, RQ_DONE };
 struct llmdd_request {
     struct llmdd__reqs *r;
     llmdd *dd;      /* until done */
-    lq *q;          /* posted only */
     bool posted;
-    llmdd__link *link;
     llmdd__cache *lc;
-    llmdd__remote_cache *rc;
-    llmdd__xfer x; /* the whole transfer; x.local and x.runs are ours */
+    /* The peers' parts (one for every call but slice transfers): each
+     * leg's whole transfer, x.local and x.runs ours; its link's queue
+     * (posted only); jobs of each notification group not yet done. */
+    llmdd__request_leg *legs;
+    lq **lqs;
+    uint32_t nlegs, ngroups;
+    uint32_t *group_left;
     uint32_t flags;
     uint32_t tnpl, nlayers;
     uint8_t *marked; /* per layer, layer-wise only */
@@ -283,7 +287,7 @@ static void
 enqueue(struct llmdd__reqs *r, job *j)
 {
     llmdd_request *q = j->req;
-    lq *l = q->q;
+    lq *l = q->lqs[j->leg];
 
     j->next = NULL;
     if (l->tail != NULL)
@@ -298,10 +302,8 @@ enqueue(struct llmdd__reqs *r, job *j)
 
 /* r->lock held. Drops the request's queued jobs. */
 static void
-dequeue_all(llmdd_request *q)
+dequeue_lq(llmdd_request *q, lq *l)
 {
-    lq *l = q->q;
-
     if (l == NULL)
         return;
     job **p = &l->head;
@@ -317,6 +319,15 @@ dequeue_all(llmdd_request *q)
             p = &j->next;
         }
     }
+}
+
+static void
+dequeue_all(llmdd_request *q)
+{
+    if (q->lqs == NULL)
+        return;
+    for (uint32_t i = 0; i < q->nlegs; i++)
+        dequeue_lq(q, q->lqs[i]);
 }
 
 /* r->lock held. Whether the request can finish now; claims it if so. */
@@ -395,20 +406,20 @@ finish(llmdd_request *q, int64_t deadline)
 {
     struct llmdd__reqs *r = q->r;
 
-    if (q->status == LLM_SUCCESS && q->notify_len > 0) {
-        llmdd_status st =
-            llmdd__notify_send(q->link, q->notify, q->notify_len, deadline);
-        if (st != LLM_SUCCESS)
-            q->status = st;
+    (void)deadline; /* each group was notified when its bytes landed */
+    llmdd__metrics_xfer(q->dd, q->op, q->legs[0].link->ops, q->status,
+                        q->bytes, q->t0);
+    for (uint32_t i = 0; i < q->nlegs; i++) {
+        llmdd__link_remote_put(q->legs[i].link, q->legs[i].rc);
+        llmdd__link_put(q->legs[i].link);
     }
-    llmdd__metrics_xfer(q->dd, q->op, q->link->ops, q->status, q->bytes, q->t0);
-    llmdd__link_remote_put(q->link, q->rc);
-    llmdd__link_put(q->link);
     llmdd__cache_put(q->dd, q->lc);
     pthread_mutex_lock(&r->lock);
     /* Others read these under the lock (end_matching). */
-    q->rc = NULL;
-    q->link = NULL;
+    for (uint32_t i = 0; i < q->nlegs; i++) {
+        q->legs[i].rc = NULL;
+        q->legs[i].link = NULL;
+    }
     q->lc = NULL;
     q->state = RQ_DONE;
     if ((q->flags & LLMDD_XFER_COMPLETION) && q->refs > 0)
@@ -419,12 +430,12 @@ finish(llmdd_request *q, int64_t deadline)
 
 /* The tensors of one source layer, as a sub-transfer of x. */
 static llmdd__xfer
-layer_xfer(const llmdd_request *q, uint32_t layer)
+layer_xfer(const llmdd_request *q, const llmdd__request_leg *g, uint32_t layer)
 {
-    llmdd__xfer x = q->x;
+    llmdd__xfer x = g->x;
 
-    x.remote_first = q->x.remote_first + layer * q->tnpl;
-    x.local = q->x.local + layer * q->tnpl;
+    x.remote_first = g->x.remote_first + layer * q->tnpl;
+    x.local = g->x.local + layer * q->tnpl;
     x.count = q->tnpl;
     return x;
 }
@@ -437,6 +448,7 @@ static void
 job_run(struct llmdd__reqs *r, job *j)
 {
     llmdd_request *q = j->req;
+    llmdd__request_leg *g = &q->legs[j->leg];
     llmdd_status st = LLM_SUCCESS;
 
     pthread_mutex_lock(&r->lock);
@@ -446,26 +458,38 @@ job_run(struct llmdd__reqs *r, job *j)
         q->running++;
     pthread_mutex_unlock(&r->lock);
 
-    if (go) {
-        llmdd__xfer x = j->layer < 0 ? q->x : layer_xfer(q, (uint32_t)j->layer);
+    if (go && g->x.nruns > 0) {
+        llmdd__xfer x =
+            j->layer < 0 ? g->x : layer_xfer(q, g, (uint32_t)j->layer);
         x.deadline_ms = j->deadline;
         x.cancel = &q->cancel;
         if (llmdd__now_ms() >= x.deadline_ms) {
             st = LLM_TIMEOUT;
-        } else if (!llmdd__link_enter(q->link)) {
+        } else if (!llmdd__link_enter(g->link)) {
             st = LLM_NOT_YET_LINK;
         } else {
             if (llmdd__cancel_enter(&q->cancel, q->posted) != 0) {
                 st = LLM_OUT_OF_MEMORY; /* no eventfd (logged): EMFILE */
             } else {
-                st = q->link->ops->xfer(q->link, &x);
+                st = g->link->ops->xfer(g->link, &x);
                 llmdd__cancel_leave();
             }
-            llmdd__link_leave(q->link);
-            llmdd__link_status(q->link, st);
+            llmdd__link_leave(g->link);
+            llmdd__link_status(g->link, st);
         }
         if (st == LLM_KV_CACHE_NOT_EXIST)
-            llmdd__link_forget(q->link, q->rc->id);
+            llmdd__link_forget(g->link, g->rc->id);
+    }
+    if (go && st == LLM_SUCCESS) {
+        /* The group's last job: its peer's bytes landed, it is told now
+         * (each peer of a slice request after its own bytes). */
+        pthread_mutex_lock(&r->lock);
+        bool tell = --q->group_left[g->group] == 0 && q->notify_len > 0 &&
+                    q->state == RQ_ACTIVE;
+        pthread_mutex_unlock(&r->lock);
+        if (tell)
+            st = llmdd__notify_send(g->link, q->notify, q->notify_len,
+                                    j->deadline);
     }
     pthread_mutex_lock(&r->lock);
     if (go) {
@@ -541,8 +565,13 @@ request_destroy(llmdd_request *q)
     struct llmdd__reqs *r = q->r;
 
     llmdd__cancel_fini(&q->cancel);
-    free((void *)q->x.runs);
-    free((void *)q->x.local);
+    for (uint32_t i = 0; i < q->nlegs; i++) {
+        free((void *)q->legs[i].x.runs);
+        free((void *)q->legs[i].x.local);
+    }
+    free(q->legs);
+    free(q->lqs);
+    free(q->group_left);
     free(q->marked);
     free(q->notify);
     free(q);
@@ -553,11 +582,41 @@ request_destroy(llmdd_request *q)
 static void
 plan_release(llmdd *dd, const llmdd__request_plan *p)
 {
-    llmdd__link_remote_put(p->link, p->rc);
-    llmdd__link_put(p->link);
+    if (p->nlegs == 0) {
+        llmdd__link_remote_put(p->link, p->rc);
+        llmdd__link_put(p->link);
+        free((void *)p->x.runs);
+        free((void *)p->x.local);
+    }
+    for (uint32_t i = 0; i < p->nlegs; i++) {
+        llmdd__link_remote_put(p->legs[i].link, p->legs[i].rc);
+        llmdd__link_put(p->legs[i].link);
+        free((void *)p->legs[i].x.runs);
+        free((void *)p->legs[i].x.local);
+    }
+    free(p->legs);
     llmdd__cache_put(dd, p->lc);
-    free((void *)p->x.runs);
-    free((void *)p->x.local);
+}
+
+/* The plan's legs as the request keeps them: a copy of the array, or one
+ * leg made of the single link, rc and x. The plan's array goes. */
+static llmdd__request_leg *
+plan_legs(const llmdd__request_plan *p, uint32_t *n, uint32_t *ngroups)
+{
+    llmdd__request_leg *legs;
+
+    if (p->nlegs > 0) {
+        *n = p->nlegs;
+        *ngroups = p->ngroups;
+        return p->legs;
+    }
+    legs = malloc(sizeof(*legs));
+    if (legs != NULL)
+        *legs = (llmdd__request_leg){
+            .link = p->link, .rc = p->rc, .x = p->x, .group = 0};
+    *n = 1;
+    *ngroups = 1;
+    return legs;
 }
 
 llmdd_status
@@ -567,29 +626,39 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
     bool posted = req_out != NULL;
     bool layerwise = posted && (p->flags & LLMDD_XFER_LAYERWISE) != 0;
     struct llmdd__reqs *r = dd->reqs;
+    llmdd__link *link0 = p->nlegs > 0 ? p->legs[0].link : p->link;
     llmdd_request *q = NULL;
     job *j = NULL;
     llmdd_status st = LLM_OUT_OF_MEMORY;
+    uint32_t nlegs = 0, ngroups = 0;
+    llmdd__request_leg *legs = NULL;
 
     q = calloc(1, sizeof(*q));
     if (q == NULL)
         goto err_plan;
+    legs = plan_legs(p, &nlegs, &ngroups);
+    q->group_left = calloc(ngroups, sizeof(*q->group_left));
+    q->lqs = calloc(nlegs, sizeof(*q->lqs));
+    if (legs == NULL || q->group_left == NULL || q->lqs == NULL)
+        goto err_req;
     q->r = r;
     q->dd = dd;
     q->posted = posted;
     q->flags = posted ? p->flags : 0;
     q->wait_ms = llmdd__wait_ms(dd);
-    q->layers_left = 1;
+    q->layers_left = nlegs;
     q->refs = 1;
     llmdd__cancel_init(&q->cancel);
     if (layerwise) {
         q->tnpl = p->tnpl;
-        q->nlayers = p->x.count / p->tnpl;
-        q->layers_left = q->nlayers;
+        q->nlayers = legs[0].x.count / p->tnpl;
+        q->layers_left = q->nlayers * nlegs;
         q->marked = calloc(q->nlayers, 1);
         if (q->marked == NULL)
             goto err_req;
     }
+    for (uint32_t i = 0; i < nlegs; i++)
+        q->group_left[legs[i].group] += layerwise ? q->nlayers : 1;
     if (p->notify_len > 0) {
         q->notify = malloc(p->notify_len);
         if (q->notify == NULL)
@@ -597,7 +666,7 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
         memcpy(q->notify, p->notify, p->notify_len);
         q->notify_len = p->notify_len;
     }
-    if (!layerwise && (j = malloc(sizeof(*j))) == NULL)
+    if (!layerwise && (j = calloc(nlegs, sizeof(*j))) == NULL)
         goto err_req;
 
     pthread_mutex_lock(&r->lock);
@@ -606,37 +675,57 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
         st = LLM_FAILED;
         goto err_req;
     }
-    if (posted && (q->q = lq_get(r, p->link)) == NULL) {
-        pthread_mutex_unlock(&r->lock);
-        goto err_req;
+    for (uint32_t i = 0; posted && i < nlegs; i++) {
+        if ((q->lqs[i] = lq_get(r, legs[i].link)) == NULL) {
+            while (i-- > 0)
+                lq_put(r, q->lqs[i]);
+            pthread_mutex_unlock(&r->lock);
+            goto err_req;
+        }
     }
     r->refs++;
     /* The request owns the plan and its references from here on. */
-    q->x = p->x;
+    q->legs = legs;
+    q->nlegs = nlegs;
+    q->ngroups = ngroups;
     q->op = p->op;
     q->bytes = p->bytes;
     q->t0 = p->t0;
-    q->link = p->link;
     q->lc = p->lc;
-    q->rc = p->rc;
     list_add(&r->all, q);
     /* Before any worker can end it: a completion may be collected on
      * another thread before this call returns, and the caller's handle
      * must be there by then. */
     if (posted)
         *req_out = q;
-    if (j != NULL) {
-        *j = (job){.req = q, .layer = -1, .deadline = p->x.deadline_ms};
+    for (uint32_t i = 0; j != NULL && i < nlegs; i++) {
+        job *ji = posted ? malloc(sizeof(*ji)) : &j[i];
+        if (ji == NULL) { /* posted: the jobs so far run, the rest fail */
+            end_locked(q, LLM_OUT_OF_MEMORY);
+            break;
+        }
+        *ji = (job){.req = q, .leg = i, .layer = -1,
+                    .deadline = legs[i].x.deadline_ms};
         if (posted)
-            enqueue(r, j);
+            enqueue(r, ji);
         else
             q->queued++;
     }
+    if (posted && j != NULL && finish_claim(q)) {
+        pthread_mutex_unlock(&r->lock);
+        free(j);
+        finish(q, 0);
+        return LLM_SUCCESS;
+    }
     pthread_mutex_unlock(&r->lock);
 
-    if (posted)
+    if (posted) {
+        free(j);
         return LLM_SUCCESS;
-    job_run(r, j); /* the synchronous call: this thread moves the bytes */
+    }
+    /* The synchronous call: this thread moves the bytes, leg by leg. */
+    for (uint32_t i = 0; j != NULL && i < nlegs; i++)
+        job_run(r, &j[i]);
     free(j);
     st = q->status;
     llmdd_request_free(q);
@@ -646,6 +735,10 @@ err_req:
     llmdd__cancel_fini(&q->cancel);
     free(q->marked);
     free(q->notify);
+    free(q->group_left);
+    free(q->lqs);
+    if (p->nlegs == 0)
+        free(legs);
     free(q);
     q = NULL;
 err_plan:
@@ -653,7 +746,7 @@ err_plan:
         log_error("requests: out of memory for a %s request",
                   posted ? "posted" : "synchronous");
     free(j);
-    llmdd__metrics_xfer(dd, p->op, p->link->ops, st, p->bytes, p->t0);
+    llmdd__metrics_xfer(dd, p->op, link0->ops, st, p->bytes, p->t0);
     plan_release(dd, p);
     return st;
 }
@@ -736,8 +829,18 @@ llmdd_request_layer_ready(llmdd_request *q, uint32_t layer)
         return LLM_SUCCESS; /* a second mark, or an ended request */
     }
     q->marked[layer] = 1;
-    *j = (job){.req = q, .layer = (int32_t)layer, .deadline = deadline};
-    enqueue(r, j);
+    /* One job per leg, each its own allocation (a job is freed by the
+     * worker that ran it). */
+    for (uint32_t i = 0; i < q->nlegs; i++) {
+        job *ji = i == 0 ? &j[0] : malloc(sizeof(*ji));
+        if (ji == NULL) {
+            end_locked(q, LLM_OUT_OF_MEMORY);
+            break;
+        }
+        *ji = (job){.req = q, .leg = i, .layer = (int32_t)layer,
+                    .deadline = deadline};
+        enqueue(r, ji);
+    }
     pthread_mutex_unlock(&r->lock);
     return LLM_SUCCESS;
 }
@@ -752,8 +855,10 @@ llmdd_request_free(llmdd_request *q)
     cancel_locked(r, q);
     list_remove(&r->all, q);
     cq_remove(r, q);
-    lq_put(r, q->q);
-    q->q = NULL;
+    for (uint32_t i = 0; q->lqs != NULL && i < q->nlegs; i++) {
+        lq_put(r, q->lqs[i]);
+        q->lqs[i] = NULL;
+    }
     bool last = request_unref(q);
     pthread_mutex_unlock(&r->lock);
     if (last)
@@ -801,6 +906,15 @@ llmdd_get_completions(llmdd *dd, llmdd_request **out, size_t cap,
  * calls end by themselves within their wait time, with their transport's
  * own status. No lock of dd may be held.
  */
+static bool
+has_link(const llmdd_request *q, const llmdd__link *link)
+{
+    for (uint32_t i = 0; i < q->nlegs; i++)
+        if (q->legs[i].link == link)
+            return true;
+    return false;
+}
+
 static void
 end_matching(llmdd *dd, const llmdd__link *link, const llmdd__cache *cache)
 {
@@ -814,7 +928,7 @@ end_matching(llmdd *dd, const llmdd__link *link, const llmdd__cache *cache)
         llmdd_request *q = r->all;
         while (q != NULL &&
                (!q->posted || q->state != RQ_ACTIVE ||
-                (link != NULL && q->link != link) ||
+                (link != NULL && !has_link(q, link)) ||
                 (cache != NULL && q->lc != cache)))
             q = q->next;
         if (q == NULL)

@@ -280,17 +280,22 @@ ping_serve(llmdd__link *link, const uint8_t *buf, size_t len)
 static bool
 reply_deliver(llmdd__link *link, uint16_t type, const uint8_t *buf, size_t len)
 {
+    llmdd__layout_reply lr;
     llmdd__key_reply r;
     int64_t seq;
-    int bad = type == WMSG_PONG
-                  ? llmdd__wire_i64_decode(buf, len, &seq)
+    int bad = type == WMSG_PONG ? llmdd__wire_i64_decode(buf, len, &seq)
+              : type == WMSG_LAYOUT_REPLY
+                  ? llmdd__wire_layout_reply_decode(buf, len, &lr)
                   : llmdd__wire_key_reply_decode(buf, len, &r);
 
     if (bad) {
         llmdd__link_drop(link, "malformed reply");
         return false;
     }
-    llmdd__link_answer(link, type, type == WMSG_PONG ? (uint64_t)seq : r.seq,
+    llmdd__link_answer(link, type,
+                       type == WMSG_PONG            ? (uint64_t)seq
+                       : type == WMSG_LAYOUT_REPLY ? lr.seq
+                                                   : r.seq,
                        buf, len);
     return true;
 }
@@ -337,7 +342,10 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
         return llmdd__notify_on_msg(link, type, buf, len);
     case WMSG_KEY_QUERY:
         return llmdd__keys_serve(link, buf, len);
+    case WMSG_LAYOUT_QUERY:
+        return llmdd__layouts_serve(link, buf, len);
     case WMSG_KEY_REPLY:
+    case WMSG_LAYOUT_REPLY:
     case WMSG_PONG:
         return reply_deliver(link, type, buf, len);
     case WMSG_PING:

@@ -34,6 +34,10 @@ typedef struct llmdd__remote_cache {
     void *priv; /* the transport's, released by ops->remote_free */
     int refs;   /* the link's bookkeeping; guarded by the link */
     bool gone;
+    /* Its KV layout, asked once (slice transfers): 0 not yet, 1 known,
+     * 2 it has none. Guarded by the link's rc_lock. */
+    int layout_state;
+    llmdd_kv_layout layout;
 } llmdd__remote_cache;
 
 /*
