@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/layout.h"
+#include "core/slices.h"
 #include "base/codec.h"
 #include "base/wire.h"
 #include "fuzz/fuzz.h"
@@ -32,7 +33,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t len = size - 1;
 
-    switch (data[0] % 13) {
+    switch (data[0] % 15) {
     case 0: {
         llmdd__frame f = {.type = 0xdead, .len = 0xbeef};
         if (len < LLMDD_WIRE_HDR_LEN)
@@ -158,6 +159,50 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (llmdd__wire_key_reply_decode(p, len, &r) != 0)
             return 0;
         same(p, len, llmdd__wire_key_reply_encode(&r, out, sizeof(out)));
+        break;
+    }
+    case 13: {
+        llmdd__layout_query q;
+        if (llmdd__wire_layout_query_decode(p, len, &q) != 0)
+            return 0;
+        same(p, len, llmdd__wire_layout_query_encode(&q, out, sizeof(out)));
+        break;
+    }
+    case 14: {
+        llmdd__layout_reply r, z;
+        memset(&r, 0x5a, sizeof(r));
+        z = r;
+        if (llmdd__wire_layout_reply_decode(p, len, &r) != 0) {
+            FUZZ_CHECK(memcmp(&r, &z, sizeof(r)) == 0);
+            return 0;
+        }
+        FUZZ_CHECK(len == LLMDD_WIRE_LAYOUT_REPLY_LEN);
+        same(p, len, llmdd__wire_layout_reply_encode(&r, out, sizeof(out)));
+        /* A peer's layout is a claim: the check must refuse, not wrap, an
+         * extent product past 64 bits, and a layout it accepts plans a
+         * slice over its own first block with every offset inside it. */
+        const llmdd_kv_layout *l = &r.layout;
+        uint64_t blk = (uint64_t)l->block_size * l->num_heads;
+        if (r.status != LLM_SUCCESS || blk == 0 ||
+            __builtin_mul_overflow(blk, (uint64_t)l->head_bytes, &blk) ||
+            __builtin_mul_overflow(blk, (uint64_t)l->num_parts, &blk) ||
+            llmdd__layout_check(l, blk, NULL) != LLM_SUCCESS ||
+            blk > (1u << 16))
+            break;
+        uint64_t zero = 0;
+        llmdd_block_table t = {&zero, 1, 0};
+        llmdd__plan2 pl = {0};
+        if (llmdd__plan_slice(&pl, l, &t, l, &t, 0, l->block_size,
+                              l->head_first,
+                              l->head_first + l->num_heads) == 0) {
+            FUZZ_CHECK(llmdd__plan2_bytes(&pl) == blk);
+            for (size_t i = 0; i < pl.n; i++)
+                FUZZ_CHECK(pl.runs[i].src_off +
+                               (pl.runs[i].count - 1) * pl.runs[i].src_stride +
+                               pl.runs[i].len <=
+                           blk);
+        }
+        llmdd__plan2_free(&pl);
         break;
     }
     case 12: {

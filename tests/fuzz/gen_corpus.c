@@ -179,6 +179,25 @@ gen_wire_and_stream(void)
                            .batch_index = 2};
     n = llmdd__wire_key_reply_encode(&kr, p, sizeof(p));
     wire("key_reply", 11, p, n);
+    llmdd__layout_query lq = {.seq = 5, .cache_id = 3};
+    n = llmdd__wire_layout_query_encode(&lq, p, sizeof(p));
+    wire("layout_query", 13, p, n);
+    llmdd__layout_reply lr = {
+        .seq = 5,
+        .status = LLM_SUCCESS,
+        .layout = {.num_dims = 5,
+                   .order = {LLMDD_KV_DIM_BLOCK, LLMDD_KV_DIM_PART,
+                             LLMDD_KV_DIM_HEAD, LLMDD_KV_DIM_TOKEN,
+                             LLMDD_KV_DIM_BYTES},
+                   .block_size = 16, .num_heads = 2, .head_first = 2,
+                   .total_heads = 8, .head_bytes = 64, .num_parts = 2,
+                   .compat_tag = 0x1234}};
+    n = llmdd__wire_layout_reply_encode(&lr, p, sizeof(p));
+    wire("layout_reply", 14, p, n);
+    memset(&lr.layout, 0, sizeof(lr.layout));
+    lr.status = LLM_CACHE_INCOMPATIBLE;
+    n = llmdd__wire_layout_reply_encode(&lr, p, sizeof(p));
+    wire("layout_reply_none", 14, p, n);
 
     /* Server side of a control handshake, then an unlink. */
     s->len = 0;
