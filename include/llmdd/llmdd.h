@@ -605,6 +605,20 @@ LLMDD_API llmdd_status llmdd_push_kv_slices(llmdd *dd,
                                             const llmdd_kv_slice *slices,
                                             size_t n);
 
+/*
+ * Pure: the size of the plan the library makes for one slice between two
+ * layouts, without caches (sizing, benchmarks): the 2-D strided runs
+ * (offset, length, count and stride on each side) it moves per tensor pair
+ * and their bytes. Tables are checked for alignment and coverage only (no
+ * cache bounds them). LLM_PARAM_INVALID for a bad or incompatible layout,
+ * a bad table or heads not held by both; an empty token range is 0 runs.
+ */
+LLMDD_API llmdd_status llmdd_kv_slice_plan_size(const llmdd_kv_layout *src,
+                                                const llmdd_kv_layout *dst,
+                                                const llmdd_kv_slice *slice,
+                                                uint64_t *runs_out,
+                                                uint64_t *bytes_out);
+
 /* A piece of llmdd_tp_plan: source rank `rank` gives heads [head_begin,
  * head_end); an empty range: that rank only gets the notification. */
 typedef struct {

@@ -31,8 +31,9 @@
 
 #include "bench.h"
 
-const char *const bench_ops[BOP_N] = {"pull", "push", "pull-blocks", "link",
-                                      "layerwise", "fleet", "discovery"};
+const char *const bench_ops[BOP_N] = {"pull",      "push",  "pull-blocks",
+                                      "link",      "layerwise", "fleet",
+                                      "discovery", "slices"};
 const char *const bench_bases[BASE_N] = {"auto", "memcpy", "tcp", "none"};
 
 static const char bench_usage[] =
@@ -136,6 +137,7 @@ static const char bench_usage[] =
     "  llmdd bench --op link --iters 200\n"
     "  llmdd bench --op layerwise --num-layers 32 --iters 10\n"
     "  llmdd bench --op fleet --min-time 5000\n"
+    "  llmdd bench --op slices -t shm --rounds 7\n"
     "\n"
     "--op fleet (tcp unless -t): a prompt and 8 decoder processes; 5 pull\n"
     "and are pushed a slot (--block-size, default 256K) every 20 ms each,\n"
@@ -403,6 +405,11 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
 
     if (rc != 0)
         return rc;
+    if (cfg->op == BOP_SLICES) {
+        if (!cfg->transport_set && !cli_set_transport(&cfg->lo, "tcp"))
+            return CLI_EXIT_USAGE;
+        return 0;
+    }
     if (cfg->op == BOP_DISCOVERY) {
         if (cfg->lo.metadata[0] == '\0')
             return cli_usage_err("--op discovery needs --metadata "
@@ -885,6 +892,10 @@ cli_bench(int argc, char **argv)
     }
     if (cfg.op == BOP_DISCOVERY) {
         rc = bench_discovery(&cfg);
+        goto out;
+    }
+    if (cfg.op == BOP_SLICES) {
+        rc = bench_slices(&cfg);
         goto out;
     }
     if (!bench_memory_ok(&cfg))

@@ -29,6 +29,7 @@ enum {
     BOP_LAYERWISE,
     BOP_FLEET,
     BOP_DISCOVERY,
+    BOP_SLICES,
     BOP_N
 };
 extern const char *const bench_ops[BOP_N];
@@ -205,6 +206,8 @@ bool bench_base_tcp_stop(void);
 int bench_fleet(const bench_cfg *cfg);
 /* ---- bench_discovery.c: --op discovery; the exit code. ---- */
 int bench_discovery(const bench_cfg *cfg);
+/* ---- bench_slices.c: --op slices (KV layouts); the exit code. ---- */
+int bench_slices(const bench_cfg *cfg);
 
 /* ---- bench_report.c ---- */
 

@@ -19,6 +19,7 @@ add_executable(llmdd_cli
   src/cli/bench_fleet.c
   src/cli/bench_fleet_node.c
   src/cli/bench_discovery.c
+  src/cli/bench_slices.c
   src/cli/info.c
   src/cli/metrics_http.c
   src/cli/stats.c

@@ -353,6 +353,62 @@ llmdd__plan2_flatten(const llmdd__plan2 *p, llmdd__run **out, size_t *n_out)
     return 0;
 }
 
+static uint64_t
+product(const llmdd_kv_layout *l)
+{
+    uint64_t b = l->block_size;
+    if (__builtin_mul_overflow(b, (uint64_t)l->num_heads, &b) ||
+        __builtin_mul_overflow(b, (uint64_t)l->head_bytes, &b) ||
+        __builtin_mul_overflow(b, (uint64_t)l->num_parts, &b))
+        return 0;
+    return b;
+}
+
+llmdd_status
+llmdd_kv_slice_plan_size(const llmdd_kv_layout *src,
+                         const llmdd_kv_layout *dst,
+                         const llmdd_kv_slice *slice, uint64_t *runs_out,
+                         uint64_t *bytes_out)
+{
+    uint32_t h0, h1;
+
+    if (src == NULL || dst == NULL || slice == NULL || runs_out == NULL ||
+        bytes_out == NULL ||
+        llmdd__layout_check(src, product(src), NULL) != LLM_SUCCESS ||
+        llmdd__layout_check(dst, product(dst), NULL) != LLM_SUCCESS ||
+        !llmdd__layout_compatible(src, dst) ||
+        slice->token_begin > slice->token_end)
+        return LLM_PARAM_INVALID;
+    if (slice->token_begin == slice->token_end) {
+        *runs_out = *bytes_out = 0;
+        return LLM_SUCCESS;
+    }
+    uint64_t tb = slice->token_begin, te = slice->token_end;
+    if (llmdd__table_check(&slice->src, src, UINT64_MAX, tb, te) !=
+            LLM_SUCCESS ||
+        llmdd__table_check(&slice->dst, dst, UINT64_MAX, tb, te) !=
+            LLM_SUCCESS)
+        return LLM_PARAM_INVALID;
+    if ((slice->head_begin != 0 || slice->head_end != 0) &&
+        slice->head_begin >= slice->head_end)
+        return LLM_PARAM_INVALID;
+    llmdd__slice_heads(slice, src, dst, &h0, &h1);
+    if (h0 >= h1 || h0 < src->head_first || h0 < dst->head_first ||
+        (uint64_t)h1 > (uint64_t)src->head_first + src->num_heads ||
+        (uint64_t)h1 > (uint64_t)dst->head_first + dst->num_heads)
+        return LLM_PARAM_INVALID;
+    llmdd__plan2 p = {0};
+    if (llmdd__plan_slice(&p, src, &slice->src, dst, &slice->dst, tb, te, h0,
+                          h1) != 0) {
+        llmdd__plan2_free(&p);
+        return LLM_OUT_OF_MEMORY;
+    }
+    *runs_out = p.n;
+    *bytes_out = llmdd__plan2_bytes(&p);
+    llmdd__plan2_free(&p);
+    return LLM_SUCCESS;
+}
+
 /* ---- llmdd_tp_plan ---- */
 
 /* Whether tp ranks can share H heads (docs/model.md's ownership rule). */
