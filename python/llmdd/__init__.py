@@ -13,7 +13,12 @@ from ._ffi import library_path, lib as _lib
 from ._status import Status, LlmddError, RequestTimeout, status_str
 from ._core import (Role, Placement, DataType, CacheDesc, CacheIndex, ClusterInfo,
                     Cache, Request, Instance, DTYPE_SIZE)
-from ._ffi import XFER_LAYERWISE, NOTIFY_MAX, KEY_MAX, MAX_DIMS
+from ._ffi import XFER_LAYERWISE, NOTIFY_MAX, KEY_MAX, MAX_DIMS, SLICES_MAX
+from ._layout import KvLayout, Slice, TpPiece, tp_plan, slice_plan_size
+from . import _layout
+
+for _name, _fn in _layout.METHODS.items():     # slice transfers on Instance
+    setattr(Instance, _name, _fn)
 
 globals().update({s.name: s for s in Status})   # llmdd.LLM_TIMEOUT, ...
 __version__ = _lib.llmdd_version().decode()     # the library's, not a copy
@@ -21,8 +26,8 @@ __version__ = _lib.llmdd_version().decode()     # the library's, not a copy
 __all__ = ["Status", "LlmddError", "RequestTimeout", "status_str", "Role", "Placement",
            "DataType", "CacheDesc", "CacheIndex", "ClusterInfo", "Cache", "Request",
            "Instance", "version", "transport_list", "transport_info", "library_path",
-           "metadata_list",
-           "XFER_LAYERWISE", "NOTIFY_MAX", "KEY_MAX", "MAX_DIMS"] + [s.name for s in Status]
+           "metadata_list", "KvLayout", "Slice", "TpPiece", "tp_plan", "slice_plan_size",
+           "SLICES_MAX", "XFER_LAYERWISE", "NOTIFY_MAX", "KEY_MAX", "MAX_DIMS"] + [s.name for s in Status]
 
 
 def version():

@@ -290,19 +290,25 @@ class Instance:
         self.unlink_clusters([ClusterInfo(remote_cluster_id, remote_addr)], timeout_ms, force)
 
     # -- caches
-    def allocate_cache(self, desc):
-        """Allocates (and zeroes) a cache; returns a Cache."""
+    def allocate_cache(self, desc, layout=None):
+        """Allocates (and zeroes) a cache; returns a Cache. layout: a
+        llmdd.KvLayout, for slice transfers."""
         if not isinstance(desc, CacheDesc):
             raise TypeError("desc must be a llmdd.CacheDesc")
         out = _ffi.CacheC()
         cd = desc._c()
-        check(self._call(lib.llmdd_allocate_cache, ctypes.byref(cd), ctypes.byref(out)),
-              "allocate_cache")
+        if layout is not None:
+            check(self._call(lib.llmdd_allocate_cache_layout, ctypes.byref(cd),
+                             ctypes.byref(layout._c()), ctypes.byref(out)),
+                  "allocate_cache")
+        else:
+            check(self._call(lib.llmdd_allocate_cache, ctypes.byref(cd),
+                             ctypes.byref(out)), "allocate_cache")
         c = Cache(self, out, desc, False, None)
         self._caches.add(c)
         return c
 
-    def register_cache(self, tensors, desc=None):
+    def register_cache(self, tensors, desc=None, layout=None):
         """Registers caller memory as a cache; returns a Cache that keeps the
         memory objects alive until it is closed (unregistered).
 
@@ -310,7 +316,8 @@ class Instance:
         numpy array, writable buffer, int address), or one memory object
         holding all tensors back to back. desc: a CacheDesc; when omitted it
         is read from a list of equal numpy arrays or torch tensors
-        (shape and dtype)."""
+        (shape and dtype). layout: a llmdd.KvLayout (KvLayout.of(tensor,
+        "NHD", ...) reads it from a tensor's shape), for slice transfers."""
         single = not isinstance(tensors, (list, tuple))
         items = [tensors] if single else list(tensors)
         if not items:
@@ -350,8 +357,13 @@ class Instance:
         arr = (ctypes.c_uint64 * len(addrs))(*addrs)
         cid = ctypes.c_int64()
         cd = desc._c()
-        check(self._call(lib.llmdd_register_kv_cache, ctypes.byref(cd), arr, len(addrs),
-                                          ctypes.byref(cid)), "register_cache")
+        if layout is not None:
+            check(self._call(lib.llmdd_register_kv_cache_layout, ctypes.byref(cd),
+                             ctypes.byref(layout._c()), arr, len(addrs),
+                             ctypes.byref(cid)), "register_cache")
+        else:
+            check(self._call(lib.llmdd_register_kv_cache, ctypes.byref(cd), arr,
+                             len(addrs), ctypes.byref(cid)), "register_cache")
         out = _ffi.CacheC()
         out.cache_id = cid.value
         out.desc = cd

@@ -86,6 +86,50 @@ class XferOptsC(ctypes.Structure):
     ]
 
 
+KV_MAX_DIMS = 5
+SLICES_MAX = 256
+KV_DIM_BLOCK, KV_DIM_PART, KV_DIM_HEAD, KV_DIM_TOKEN, KV_DIM_BYTES = 1, 2, 3, 4, 5
+
+
+class KvLayoutC(ctypes.Structure):
+    _fields_ = [
+        ("num_dims", ctypes.c_uint32),
+        ("order", ctypes.c_int * KV_MAX_DIMS),
+        ("block_size", ctypes.c_uint32),
+        ("num_heads", ctypes.c_uint32),
+        ("head_first", ctypes.c_uint32),
+        ("total_heads", ctypes.c_uint32),
+        ("head_bytes", ctypes.c_uint32),
+        ("num_parts", ctypes.c_uint32),
+        ("compat_tag", ctypes.c_uint64),
+    ]
+
+
+class BlockTableC(ctypes.Structure):
+    _fields_ = [
+        ("blocks", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_blocks", ctypes.c_size_t),
+        ("first_token", ctypes.c_uint64),
+    ]
+
+
+class KvSliceC(ctypes.Structure):
+    _fields_ = [
+        ("src", BlockTableC),
+        ("dst", BlockTableC),
+        ("token_begin", ctypes.c_uint64),
+        ("token_end", ctypes.c_uint64),
+        ("head_begin", ctypes.c_uint32),
+        ("head_end", ctypes.c_uint32),
+        ("ext", KvExtParamC),
+    ]
+
+
+class TpPieceC(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_uint32), ("head_begin", ctypes.c_uint32),
+                ("head_end", ctypes.c_uint32)]
+
+
 class NotifyC(ctypes.Structure):
     _fields_ = [
         ("cluster_id", ctypes.c_uint64),
@@ -215,3 +259,17 @@ _proto("llmdd_check_link", status_t, _vp, ctypes.c_uint64, ctypes.c_int32)
 _proto("llmdd_completion_fd", ctypes.c_int, _vp)
 _proto("llmdd_get_completions", status_t, _vp, _P(_vp), ctypes.c_size_t,
        _P(ctypes.c_size_t))
+_proto("llmdd_allocate_cache_layout", status_t, _vp, _P(CacheDescC), _P(KvLayoutC),
+       _P(CacheC))
+_proto("llmdd_register_kv_cache_layout", status_t, _vp, _P(CacheDescC), _P(KvLayoutC),
+       _u64p, ctypes.c_size_t, _P(ctypes.c_int64))
+_proto("llmdd_query_remote_layout", status_t, _vp, ctypes.c_uint64, ctypes.c_int64,
+       _P(KvLayoutC))
+_proto("llmdd_pull_kv_slices_async", status_t, _vp, _P(CacheIndexC), _P(KvSliceC),
+       ctypes.c_size_t, _P(CacheC), _P(XferOptsC), _req_pp)
+_proto("llmdd_push_kv_slices_async", status_t, _vp, _P(CacheC), _P(CacheIndexC),
+       _P(KvSliceC), ctypes.c_size_t, _P(XferOptsC), _req_pp)
+_proto("llmdd_tp_plan", status_t, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+       ctypes.c_uint32, _P(TpPieceC), ctypes.c_size_t, _P(ctypes.c_size_t))
+_proto("llmdd_kv_slice_plan_size", status_t, _P(KvLayoutC), _P(KvLayoutC), _P(KvSliceC),
+       _P(ctypes.c_uint64), _P(ctypes.c_uint64))
