@@ -642,7 +642,8 @@ LLMDD_API llmdd_status llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp,
  * Discovery (0.3, docs/model.md "Discovery"). With llm.MetadataServer
  * (etcd://HOST:PORT[,HOST:PORT...], etcd's v3 JSON gateway over HTTP) set
  * at llmdd_initialize:
- *  - initialize reaches the server within 5 s or returns LLM_TIMEOUT;
+ *  - initialize reaches the server within 5 s or returns LLM_TIMEOUT (and
+ *    a listener's publishing has 5 s of its own);
  *  - a listening instance publishes PREFIX/clusters/CLUSTER_ID
  *    (llm.MetadataPrefix, default "llmdd": its listen address, role,
  *    protocol version, transports, host boot id and pid) under a lease of
