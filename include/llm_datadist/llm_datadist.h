@@ -529,6 +529,10 @@ class LlmDataDist {
                                     all_dst.data(), all_src.size());
     }
 
+    /* The C instance, for llmdd's own calls (llmdd_ext below); nullptr
+     * when the constructor failed. */
+    ::llmdd *NativeHandle() const { return dd_; }
+
   private:
     static llmdd_cache_index index(const CacheIndex &i)
     {
@@ -557,6 +561,177 @@ class LlmDataDist {
     llmdd *dd_ = nullptr;
     Status create_status_ = LLM_SUCCESS; /* llmdd_create's, for later calls */
 };
+
+/*
+ * llmdd's extensions beyond the reference: KV layouts and slice transfers
+ * (heterogeneous TP, block sizes and orders; docs/model.md, "KV layouts").
+ * Free functions over an LlmDataDist; every one returns a Status.
+ */
+namespace llmdd_ext {
+
+using KvLayout = llmdd_kv_layout;
+using TpPiece = llmdd_tp_piece;
+
+/* A layout by name, read outermost first after the block dim: "NHD"
+ * (tokens, heads, bytes), "HND", or with P (parts) such as "PHND". An
+ * unknown name gives num_dims 0, which the library refuses. */
+inline KvLayout
+MakeLayout(const char *order, uint32_t block_size, uint32_t head_first,
+           uint32_t num_heads, uint32_t total_heads, uint32_t head_bytes,
+           uint32_t num_parts = 1, uint64_t compat_tag = 0)
+{
+    KvLayout l;
+    std::memset(&l, 0, sizeof(l));
+    size_t n = order != nullptr ? std::strlen(order) : 0;
+    if (n >= 3 && n <= 4) {
+        l.num_dims = static_cast<uint32_t>(n + 1);
+        l.order[0] = LLMDD_KV_DIM_BLOCK;
+        for (size_t i = 0; i < n && l.num_dims != 0; i++) {
+            switch (order[i]) {
+            case 'N': l.order[i + 1] = LLMDD_KV_DIM_TOKEN; break;
+            case 'H': l.order[i + 1] = LLMDD_KV_DIM_HEAD; break;
+            case 'P': l.order[i + 1] = LLMDD_KV_DIM_PART; break;
+            case 'D': l.order[i + 1] = LLMDD_KV_DIM_BYTES; break;
+            default: l.num_dims = 0;
+            }
+        }
+    }
+    l.block_size = block_size;
+    l.head_first = head_first;
+    l.num_heads = num_heads;
+    l.total_heads = total_heads;
+    l.head_bytes = head_bytes;
+    l.num_parts = num_parts;
+    l.compat_tag = compat_tag;
+    return l;
+}
+
+inline Status
+AllocateCacheLayout(LlmDataDist &dd, const CacheDesc &cache_desc,
+                    const KvLayout &layout, Cache &cache)
+{
+    llmdd_cache_desc d;
+    llmdd_cache c;
+    if (detail::to_c_desc(cache_desc, d) != LLM_SUCCESS ||
+        dd.NativeHandle() == nullptr)
+        return LLM_PARAM_INVALID;
+    Status st = llmdd_allocate_cache_layout(dd.NativeHandle(), &d, &layout, &c);
+    if (st != LLM_SUCCESS)
+        return st;
+    cache.cache_id = c.cache_id;
+    cache.cache_desc = cache_desc;
+    cache.tensor_addrs.assign(c.tensor_addrs, c.tensor_addrs + d.num_tensors);
+    return LLM_SUCCESS;
+}
+
+inline Status
+RegisterKvCacheLayout(LlmDataDist &dd, const CacheDesc &cache_desc,
+                      const KvLayout &layout,
+                      const std::vector<uint64_t> &addrs, int64_t &cache_id)
+{
+    llmdd_cache_desc d;
+    if (detail::to_c_desc(cache_desc, d) != LLM_SUCCESS ||
+        dd.NativeHandle() == nullptr)
+        return LLM_PARAM_INVALID;
+    return llmdd_register_kv_cache_layout(dd.NativeHandle(), &d, &layout,
+                                          addrs.data(), addrs.size(),
+                                          &cache_id);
+}
+
+inline Status
+QueryRemoteLayout(LlmDataDist &dd, uint64_t cluster_id, int64_t cache_id,
+                  KvLayout &layout)
+{
+    return llmdd_query_remote_layout(dd.NativeHandle(), cluster_id, cache_id,
+                                     &layout);
+}
+
+/* One slice: token positions [token_begin, token_end) and global heads
+ * [head_begin, head_end) ({0,0}: all both hold) from the source's table to
+ * the destination's. */
+struct Slice {
+    std::vector<uint64_t> src_blocks, dst_blocks;
+    uint64_t src_first_token = 0, dst_first_token = 0;
+    uint64_t token_begin = 0, token_end = 0;
+    uint32_t head_begin = 0, head_end = 0;
+    KvCacheExtParam ext_param = {};
+};
+
+namespace detail2 {
+inline std::vector<llmdd_kv_slice>
+to_c_slices(const std::vector<Slice> &slices)
+{
+    std::vector<llmdd_kv_slice> v(slices.size());
+    for (size_t i = 0; i < slices.size(); i++) {
+        const Slice &s = slices[i];
+        v[i].src = {s.src_blocks.data(), s.src_blocks.size(),
+                    s.src_first_token};
+        v[i].dst = {s.dst_blocks.data(), s.dst_blocks.size(),
+                    s.dst_first_token};
+        v[i].token_begin = s.token_begin;
+        v[i].token_end = s.token_end;
+        v[i].head_begin = s.head_begin;
+        v[i].head_end = s.head_end;
+        v[i].ext = detail::to_c_ext(s.ext_param);
+    }
+    return v;
+}
+inline std::vector<llmdd_cache_index>
+to_c_indexes(const std::vector<CacheIndex> &idx)
+{
+    std::vector<llmdd_cache_index> v(idx.size());
+    for (size_t i = 0; i < idx.size(); i++)
+        v[i] = {idx[i].cluster_id, idx[i].cache_id, idx[i].batch_index};
+    return v;
+}
+} // namespace detail2
+
+/* Slice i from srcs[i] into the local layout cache dst_cache; one request,
+ * every check first (srcs.size() must equal slices.size()). */
+inline Status
+PullKvSlices(LlmDataDist &dd, const std::vector<CacheIndex> &srcs,
+             const std::vector<Slice> &slices, const Cache &dst_cache)
+{
+    if (srcs.size() != slices.size())
+        return LLM_PARAM_INVALID;
+    std::vector<llmdd_kv_slice> s = detail2::to_c_slices(slices);
+    std::vector<llmdd_cache_index> i = detail2::to_c_indexes(srcs);
+    llmdd_cache dst = detail::to_c_cache(dst_cache);
+    return llmdd_pull_kv_slices(dd.NativeHandle(), i.data(), s.data(),
+                                s.size(), &dst);
+}
+
+inline Status
+PushKvSlices(LlmDataDist &dd, const Cache &src_cache,
+             const std::vector<CacheIndex> &dsts,
+             const std::vector<Slice> &slices)
+{
+    if (dsts.size() != slices.size())
+        return LLM_PARAM_INVALID;
+    std::vector<llmdd_kv_slice> s = detail2::to_c_slices(slices);
+    std::vector<llmdd_cache_index> i = detail2::to_c_indexes(dsts);
+    llmdd_cache src = detail::to_c_cache(src_cache);
+    return llmdd_push_kv_slices(dd.NativeHandle(), &src, i.data(), s.data(),
+                                s.size());
+}
+
+/* llmdd_tp_plan: one piece per source rank. */
+inline Status
+TpPlan(uint32_t total_heads, uint32_t src_tp, uint32_t dst_tp,
+       uint32_t dst_rank, std::vector<TpPiece> &pieces)
+{
+    std::vector<TpPiece> v(src_tp);
+    size_t n = 0;
+    Status st = llmdd_tp_plan(total_heads, src_tp, dst_tp, dst_rank,
+                              v.data(), v.size(), &n);
+    if (st == LLM_SUCCESS) {
+        v.resize(n);
+        pieces = std::move(v);
+    }
+    return st;
+}
+
+} // namespace llmdd_ext
 
 } // namespace llm_datadist
 
