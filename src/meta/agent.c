@@ -50,7 +50,7 @@ struct llmdd__meta {
     /* The thread's own. */
     int64_t watch_rev; /* the next revision to watch from */
     char *line;        /* a watch message being received */
-    size_t line_len;
+    size_t line_len, line_cap; /* grows up to LLMDD_META_BODY_MAX */
     bool line_over;
 };
 
@@ -341,7 +341,20 @@ watch_write(char *p, size_t size, size_t n, void *arg)
                          LLMDD_META_BODY_MAX);
             m->line_len = 0;
             m->line_over = false;
-        } else if (m->line_len < LLMDD_META_BODY_MAX) {
+        } else if (m->line_over) {
+            continue;
+        } else if (m->line_len < m->line_cap) {
+            m->line[m->line_len++] = p[i];
+        } else if (m->line_cap < LLMDD_META_BODY_MAX) {
+            /* Most messages are small: the buffer grows as one needs. */
+            size_t ncap = m->line_cap * 2;
+            char *nl = realloc(m->line, ncap);
+            if (nl == NULL) {
+                m->line_over = true;
+                continue;
+            }
+            m->line = nl;
+            m->line_cap = ncap;
             m->line[m->line_len++] = p[i];
         } else {
             m->line_over = true;
@@ -517,7 +530,8 @@ llmdd__meta_open(const char *server, const char *prefix, uint32_t lease_ms,
     m->lease_ms = lease_ms;
     m->gone = gone;
     m->gone_arg = arg;
-    m->line = malloc(LLMDD_META_BODY_MAX);
+    m->line_cap = 4096;
+    m->line = malloc(m->line_cap);
     m->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (m->line == NULL || m->wake_fd < 0)
         goto err_fd;

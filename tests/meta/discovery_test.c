@@ -360,6 +360,13 @@ test_hostile_gateway(void **state)
         assert_int_equal(llmdd_initialize(d, o, 1), cases[i].init);
         if (cases[i].init == LLM_SUCCESS)
             assert_int_equal(link_id(d, 41, 3000), cases[i].link);
+        /* The metadata thread read a whole hostile watch stream (over
+         * 1 MiB, not JSON) once it asks for another. */
+        int64_t t0 = th_now_ms();
+        while (cases[i].init == LLM_SUCCESS && te_fake_count() < 6 &&
+               th_now_ms() - t0 < 10000)
+            th_sleep_ms(10);
+        assert_true(cases[i].init != LLM_SUCCESS || te_fake_count() >= 6);
         llmdd_destroy(d);
         assert_true(te_fake_count() > 0);
         te_fake_stop();

@@ -274,10 +274,19 @@ serve_one(int fd)
         bool unknown = fake.mode != TE_FAKE_BAD_VALUE;
         const char *value = unknown ? fake.entry_b64 : "bm90IGFuIGVudHJ5"; /* "not an entry" */
         if (strstr(req, "/v3/watch") != NULL) {
-            /* One created message, then the stream ends. */
-            snprintf(body, sizeof(body),
-                     "{\"result\":{\"header\":{\"revision\":\"3\"},"
-                     "\"created\":true,\"zz\":[1]}}\n");
+            /* A message over the 1 MiB limit, one that is not JSON, one
+             * created message, then the stream ends. */
+            static const char tail[] =
+                "\nnot json\n{\"result\":{\"header\":{\"revision\":\"3\"},"
+                "\"created\":true,\"zz\":[1]}}\n";
+            size_t big = (3u << 19) + sizeof(tail);
+            char *w = malloc(big);
+            assert_non_null(w);
+            memset(w, '[', 3u << 19);
+            memcpy(w + (3u << 19), tail, sizeof(tail));
+            answer(fd, 200, w, strlen(w));
+            free(w);
+            break;
         } else if (strstr(req, "count_only") != NULL) {
             snprintf(body, sizeof(body),
                      "{\"header\":{\"revision\":\"3\",\"future\":1},"
