@@ -5,6 +5,14 @@
     /usr/bin/python3 examples/disagg/generate.py --transport tcp
     /usr/bin/python3 examples/disagg/generate.py --small    # the CI configuration
 
+Heterogeneous: the prefill as N tensor-parallel processes, each holding its share of
+the KV heads in a paged NHD cache of one block size; the decoder holds all heads in HND
+blocks of another size and gathers every request's KV with one slice request from all
+prefill ranks (llmdd.tp_plan; a rank with nothing to give is only notified):
+
+    generate.py --prefill-tp 2 --prefill-block 16 --decode-block 32
+    generate.py --prefill-tp 4 --small --transport tcp     # TP above the 2 KV heads
+
 Two hosts (or two network namespaces): start the prefill first, then the decoder,
 which links to the prefill's address and compares with its own one-process run:
 
@@ -50,7 +58,8 @@ GEN = 32
 PREFILL_ID, DECODE_ID = 1, 2
 MODES = ("after", "stream")
 NAMES = {"one": "one process", "after": "disaggregated, push after prefill",
-         "stream": "disaggregated, layer-streamed"}
+         "stream": "disaggregated, layer-streamed",
+         "pull": "TP prefill, one slice pull"}
 
 
 # ------------------------------------------------------------------ common
@@ -233,17 +242,187 @@ def decode_role(a, cfg, lengths, gen):
     return results
 
 
+# ------------------------------------------------------------------ tensor-parallel prefill
+
+def tp_heads(kv_heads, tp, rank):
+    """The KV heads rank holds: [r*H/tp, (r+1)*H/tp), or with tp > H one
+    head, floor(r*H/tp) (the ownership llmdd.tp_plan assumes)."""
+    if tp <= kv_heads:
+        return rank * kv_heads // tp, (rank + 1) * kv_heads // tp
+    h = rank * kv_heads // tp
+    return h, h + 1
+
+
+def tp_prefill_role(a):
+    """Prefill rank a.prefill_rank of a.prefill_tp: computes the whole
+    forward (no collectives in this example) and keeps its KV heads in an
+    NHD cache of --prefill-block tokens; frees a request's blocks when the
+    decoder's slice request notifies it."""
+    rank = a.prefill_rank
+    opts = {"llm.ListenIpInfo": a.prefill_host, "llm.Transport": a.transport,
+            "llm.SyncKvCacheWaitTime": "10000"}
+    with llmdd.Instance(PREFILL_ID + rank, llmdd.Role.PROMPT, options=opts) as dd:
+        print(json.dumps({"listen": dd.listen_address()}), flush=True)
+        model = cache = views = ps = heads = None
+        free, held, done = [], {}, False
+        rng = random.Random(rank)
+        while not done:
+            for c, m in receive(dd, 1.0):
+                if m["cmd"] == "hello":
+                    model = Model(m["cfg"])
+                    ps = prompts(m["cfg"], m["lengths"])
+                    heads = tp_heads(model.KVH, m["tp"], rank)
+                    B = m["block"]
+                    nb = sum(blocks_for(len(p), B) for p in ps) + 8
+                    if cache is not None:
+                        cache.close()
+                    ts, views = model.new_paged(nb, B, heads[1] - heads[0], "NHD")
+                    lay = llmdd.KvLayout.of(ts[0], "NHD", heads_first=heads[0],
+                                            total_heads=model.KVH)
+                    cache = dd.register_cache(ts, layout=lay)
+                    free = list(range(nb))
+                    rng.shuffle(free)            # each rank's own, permuted table
+                    send(dd, c, cmd="ready", rank=rank, cache=cache.cache_id)
+                elif m["cmd"] == "prefill":
+                    p = ps[m["rid"]][:-1]
+                    src = [free.pop() for _ in range(blocks_for(len(p), views[0].shape[1]))]
+                    model.prefill(p, src, views, heads=heads)
+                    held[m["rid"]] = src
+                    send(dd, c, cmd="computed", rid=m["rid"], rank=rank, blocks=src,
+                         t=time.monotonic())
+                elif m["cmd"] == "free":         # the slice request's notification
+                    free += held.pop(m["rid"])
+                elif m["cmd"] == "quit":
+                    done = True
+        if cache is not None:
+            cache.close()
+    return 0
+
+
+def tp_decode_role(a, cfg, lengths, gen):
+    """The decoder: all KV heads in HND blocks of --decode-block tokens; one
+    slice request per prompt gathers the heads from every prefill rank."""
+    model = Model(cfg)
+    ps = prompts(cfg, lengths)
+    B = a.decode_block
+    nb = sum(blocks_for(len(p) + gen, B) for p in ps) * 2
+    ts, views = model.new_paged(nb, B, model.KVH, "HND", fill=float("nan"))
+    hosts = a.prefill_host.split(",")
+    opts = {"llm.Transport": a.transport, "llm.SyncKvCacheWaitTime": "10000"}
+    runs = []
+    rng = random.Random(cfg["seed"])
+    with llmdd.Instance(DECODE_ID + 100, llmdd.Role.DECODER, options=opts) as dd:
+        kv = dd.register_cache(ts, layout=llmdd.KvLayout.of(ts[0], "HND",
+                                                            total_heads=model.KVH))
+        for r, h in enumerate(hosts):
+            dd.link(PREFILL_ID + r, h, timeout_ms=10000)
+            send(dd, PREFILL_ID + r, cmd="hello", cfg=cfg, lengths=lengths, tp=len(hosts),
+                 block=a.prefill_block)
+        caches = {}
+        deadline = time.monotonic() + 60
+        while len(caches) < len(hosts):
+            for c, m in receive(dd, 1.0):
+                if m["cmd"] == "ready":
+                    caches[m["rank"]] = m["cache"]
+            if time.monotonic() > deadline:
+                raise SystemExit("decode: the prefill ranks did not answer hello in 60 s")
+        for r in range(len(hosts)):            # a check at startup, not per request
+            lay = dd.query_remote_layout(PREFILL_ID + r, caches[r])
+            assert lay.block_size == a.prefill_block and lay.total_heads == model.KVH
+        plan = llmdd.tp_plan(model.KVH, len(hosts), 1, 0)
+        idx = [llmdd.CacheIndex(PREFILL_ID + p.rank, caches[p.rank]) for p in plan]
+        for rnd in range(a.rounds + 1):
+            for t in ts:
+                t.fill_(float("nan"))
+            free = list(range(nb))
+            rng.shuffle(free)
+            tables = [[free.pop() for _ in range(blocks_for(len(p) + gen, B))] for p in ps]
+            src = {i: {} for i in range(len(ps))}
+            first, ttft, tail = {}, {}, {}
+            t0 = time.perf_counter()
+            for i in range(len(ps)):
+                for r in range(len(hosts)):
+                    send(dd, PREFILL_ID + r, cmd="prefill", rid=i)
+            while len(first) < len(ps):
+                got = receive(dd, 1.0)
+                if not got and time.perf_counter() - t0 > 60:
+                    raise SystemExit("decode: the prefill ranks stopped answering")
+                for _, m in got:
+                    i = m["rid"]
+                    src[i][m["rank"]] = (m["blocks"], m["t"])
+                    if len(src[i]) < len(hosts):
+                        continue
+                    n = len(ps[i]) - 1           # the decoder recomputes the last token
+                    slices = [llmdd.Slice(src[i][p.rank][0] if p.head_end > p.head_begin else [],
+                                          tables[i] if p.head_end > p.head_begin else [],
+                                          (0, n) if p.head_end > p.head_begin else (0, 0),
+                                          (p.head_begin, p.head_end)
+                                          if p.head_end > p.head_begin else None)
+                              for p in plan]
+                    note = json.dumps({"cmd": "free", "rid": i}).encode()
+                    dd.pull_slices(idx, slices, kv, notify=note, timeout_ms=10000)
+                    tail[i] = time.monotonic() - max(t for _, t in src[i].values())
+                    first[i] = model.decode_step([ps[i][-1]], [n], [tables[i]], views)[0]
+                    ttft[i] = time.perf_counter() - t0
+            runs.append({"tokens": decode_rest(model, views, ps, tables, first, gen),
+                         "ttft": [ttft[i] for i in range(len(ps))], "warmup": rnd == 0,
+                         "tail": [tail[i] for i in range(len(ps))]})
+        for r in range(len(hosts)):
+            send(dd, PREFILL_ID + r, cmd="quit")
+        kv.close()
+    return {"pull": runs}
+
+
+def tp_launch(a, cfg, lengths, ref):
+    """--prefill-tp N with --role both: N prefill processes, then the decoder."""
+    common = [sys.executable, os.path.abspath(__file__), "--transport", a.transport,
+              "--rounds", str(a.rounds), "--prefill-tp", str(a.prefill_tp),
+              "--prefill-block", str(a.prefill_block), "--decode-block", str(a.decode_block)]
+    common += ["--small"] if a.small else []
+    pres, hosts = [], []
+    try:
+        for r in range(a.prefill_tp):
+            pres.append(subprocess.Popen(common + ["--role", "prefill", "--prefill-rank", str(r),
+                                                   "--prefill-host", "127.0.0.1:0"],
+                                         stdout=subprocess.PIPE, text=True))
+            line = pres[-1].stdout.readline()
+            if not line:
+                print(f"prefill rank {r} failed (exit {pres[-1].wait(timeout=30)})")
+                return 1
+            hosts.append(json.loads(line)["listen"])
+        dec = subprocess.run(common + ["--role", "decode", "--json",
+                                       "--prefill-host", ",".join(hosts)],
+                             stdout=subprocess.PIPE, text=True, timeout=600)
+        if dec.returncode != 0:
+            print(f"decoder failed (exit {dec.returncode})")
+            print("tokens identical: no")
+            return 1
+        results = json.loads(dec.stdout.strip().splitlines()[-1])
+        for r, pre in enumerate(pres):
+            if pre.wait(timeout=30) != 0:
+                print(f"prefill rank {r} failed (exit {pre.returncode})")
+                return 1
+    finally:
+        for pre in pres:
+            if pre.poll() is None:
+                pre.kill()
+    print(f"prefill: {a.prefill_tp} tensor-parallel processes, NHD blocks of "
+          f"{a.prefill_block}; decode: one process, HND blocks of {a.decode_block}")
+    return report(cfg, lengths, ref, results, a.transport, same_clock=True)
+
+
 # ------------------------------------------------------------------ report
 
 def report(cfg, lengths, ref, results, transport, same_clock=False):
     ok = True
+    modes = [m for m in list(MODES) + ["pull"] if m in results]
     print(f"model: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} query heads, "
           f"{cfg['kv_heads']} KV heads, head dim {cfg['head_dim']}, vocab {cfg['vocab']}, "
           f"float32, KV blocks of {BLOCK} tokens; transport {transport}")
     for i, n in enumerate(lengths):
         print(f"prompt {i} ({n} tokens)")
         print(f"  one process:    {ref['tokens'][i]}")
-        for mode in MODES:
+        for mode in modes:
             for r, res in enumerate(results[mode]):
                 same = res["tokens"][i] == ref["tokens"][i]
                 ok &= same
@@ -252,7 +431,7 @@ def report(cfg, lengths, ref, results, transport, same_clock=False):
                           f"{'' if same else '   <-- DIFFERS'}")
     print("time to first token (ms), mean over the batch / the last request; median over rounds:")
     rows = [("one", ref.get("rounds", [ref]))]
-    rows += [(m, [r for r in results[m] if not r.get("warmup")]) for m in MODES]
+    rows += [(m, [r for r in results[m] if not r.get("warmup")]) for m in modes]
     for key, rs in rows:
         mean = statistics.median(1000 * statistics.mean(r["ttft"]) for r in rs)
         last = statistics.median(1000 * r["ttft"][-1] for r in rs)
@@ -263,7 +442,7 @@ def report(cfg, lengths, ref, results, transport, same_clock=False):
         for key, rs in rows[1:]:
             tail = statistics.median(1000 * t for r in rs for t in r["tail"])
             print(f"  {NAMES[key]:<36} {tail:8.2f}")
-    pairs = list(zip(rows[1][1], rows[2][1]))
+    pairs = list(zip(rows[1][1], rows[2][1])) if len(rows) > 2 else []
     if pairs:
         lower = sum(statistics.mean(s["ttft"]) < statistics.mean(f["ttft"]) for f, s in pairs)
         print(f"  layer-streamed below push-after-prefill in {lower} of {len(pairs)} rounds")
@@ -284,10 +463,31 @@ def main():
     ap.add_argument("--break", dest="brk", choices=("layer", "blocks"), default=None,
                     help="test the test: the prefill leaves out the last layer, or pushes "
                          "every block one block off (the tokens must differ)")
+    ap.add_argument("--prefill-tp", type=int, default=0,
+                    help="the prefill as N tensor-parallel processes (each its share of "
+                         "the KV heads); the decoder gathers them with slice requests")
+    ap.add_argument("--prefill-block", type=int, default=BLOCK,
+                    help="with --prefill-tp: the prefill's block size (NHD)")
+    ap.add_argument("--decode-block", type=int, default=BLOCK,
+                    help="with --prefill-tp: the decoder's block size (HND)")
+    ap.add_argument("--prefill-rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     cfg, lengths = (SMALL, SMALL_LENGTHS) if a.small else (FULL, LENGTHS)
     cfg = dict(cfg)
+    if a.prefill_tp:
+        if a.brk:
+            ap.error("--break is for the symmetric mode")
+        if a.role == "prefill":
+            return tp_prefill_role(a)
+        if a.role == "decode":
+            print(json.dumps(tp_decode_role(a, cfg, lengths, GEN)))
+            return 0
+        refs = [one_process(cfg, lengths, GEN) for _ in range(a.rounds + 1)]
+        if any(r["tokens"] != refs[0]["tokens"] for r in refs):
+            print("one process: two runs differ")
+            return 1
+        return tp_launch(a, cfg, lengths, {"tokens": refs[0]["tokens"], "rounds": refs[1:]})
     if a.role == "prefill":
         if ":" not in a.prefill_host:
             a.prefill_host += ":26000"

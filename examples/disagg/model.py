@@ -54,19 +54,33 @@ class Model:
         return [torch.full((num_blocks, BLOCK, self.KVH, self.D), fill, dtype=torch.float32)
                 for _ in range(2 * self.L)]
 
+    def new_paged(self, num_blocks, block, heads, order="NHD", fill=0.0):
+        """A paged cache of another block size, head count or order (the
+        tensor-parallel mode): (tensors as laid out in memory, NHD views of
+        them for the model). "HND" tensors are (num_blocks, heads, block,
+        head_dim); their views are permuted, so the model writes and reads
+        through them unchanged."""
+        shape = (num_blocks, block, heads, self.D) if order == "NHD" else \
+            (num_blocks, heads, block, self.D)
+        ts = [torch.full(shape, fill, dtype=torch.float32) for _ in range(2 * self.L)]
+        views = ts if order == "NHD" else [t.permute(0, 2, 1, 3) for t in ts]
+        return ts, views
+
     @staticmethod
     def _write(kc, vc, table, pos, k, v):
+        B = kc.shape[1]                  # a cache's own block size
         t = torch.as_tensor(table, dtype=torch.long)
-        blk, row = t[pos // BLOCK], pos % BLOCK
+        blk, row = t[pos // B], pos % B
         kc[blk, row] = k
         vc[blk, row] = v
 
     @staticmethod
     def _gather(c, table, n):
         """The first n tokens of a sequence, read through its block table."""
-        nb = (n + BLOCK - 1) // BLOCK
+        B = c.shape[1]
+        nb = (n + B - 1) // B
         t = torch.as_tensor(table[:nb], dtype=torch.long)
-        return c[t].reshape(nb * BLOCK, c.shape[2], c.shape[3])[:n]
+        return c[t].reshape(nb * B, c.shape[2], c.shape[3])[:n]
 
     # -- pieces
     @staticmethod
@@ -111,14 +125,19 @@ class Model:
 
     # -- the two entry points
     @torch.no_grad()
-    def prefill(self, tokens, table, cache, on_layer=None):
+    def prefill(self, tokens, table, cache, on_layer=None, heads=None):
         """K/V of tokens (positions 0..n-1) into cache through table;
-        on_layer(l) once layer l's K and V are in the cache."""
+        on_layer(l) once layer l's K and V are in the cache. heads=(a, b):
+        the cache holds KV heads [a, b) only (a tensor-parallel rank's)."""
         pos = torch.arange(len(tokens))
         x = self.embed[torch.as_tensor(tokens, dtype=torch.long)]
         for l, w in enumerate(self.layers):
             q, k, v = self._qkv(w, x, pos)
-            self._write(cache[2 * l], cache[2 * l + 1], table, pos, k, v)
+            if heads is None:
+                self._write(cache[2 * l], cache[2 * l + 1], table, pos, k, v)
+            else:
+                self._write(cache[2 * l], cache[2 * l + 1], table, pos,
+                            k[:, heads[0]:heads[1]], v[:, heads[0]:heads[1]])
             if on_layer is not None:
                 on_layer(l)
             x = self._rest(w, x, self._attend(q, k, v, causal=True))
@@ -152,5 +171,5 @@ def prompts(cfg, lengths):
     return out
 
 
-def blocks_for(ntokens):
-    return (ntokens + BLOCK - 1) // BLOCK
+def blocks_for(ntokens, block=BLOCK):
+    return (ntokens + block - 1) // block
