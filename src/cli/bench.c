@@ -833,6 +833,12 @@ bench_layerwise_row(const bench_cfg *cfg, cli_node *prompt, cli_node *dec,
         v[i] = (double)x[LW_LAYERED] / ideal;
     }
     res->ratio_ideal = bench_median(v, n);
+    /* Per-layer efficiency: a layer's share of the whole slot's push
+     * against that layer pushed alone, both in this round. */
+    for (size_t i = 0; i < n; i++)
+        v[i] = (double)s[i * LW_N + LW_PUSH] / (double)L /
+               (double)s[i * LW_N + LW_LAYER];
+    res->layer_eff = bench_median(v, n);
     res->gbps = cli_gbps(res->bytes_per_call, (int64_t)(res->push_ms * 1e6));
     ok = true;
 out:
@@ -1049,6 +1055,7 @@ cli_bench(int argc, char **argv)
         printf("\nMedians over rounds: compute = all layers' sleeps as "
                "measured; push = the synchronous push alone (the "
                "transfer); ideal = max(compute, push) + push / layers; "
+               "layer eff = (push / layers) / one layer pushed alone; "
                "ratios are per round, then their median; %s total.\n",
                cli_fmt_ns(b2, sizeof(b2), cli_now_ns() - prog.t0));
     else

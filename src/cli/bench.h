@@ -161,6 +161,7 @@ typedef struct {
     double compute_ms, push_ms, seq_ms, lw_ms, comp_ms, tail_ms, marks_ms;
     double preempt, layer_ms, ideal_ms;
     double ratio_seq, ratio_ideal;
+    double layer_eff; /* median of (push / layers) / one layer alone */
     /* The rounds the medians above come from, and their spread (one
      * round: its own values) */
     uint32_t rounds;

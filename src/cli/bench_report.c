@@ -50,9 +50,9 @@ void
 bench_print_header(const bench_cfg *cfg)
 {
     if (cfg->op == BOP_LAYERWISE) {
-        printf("\n%9s %6s %6s %10s %10s %10s %10s %10s %8s %9s\n", "layer",
-               "layers", "rounds", "compute ms", "push ms", "(a) ms", "(b) ms",
-               "ideal ms", "(b)/(a)", "(b)/ideal");
+        printf("\n%9s %6s %6s %10s %10s %10s %10s %10s %8s %9s %9s\n",
+               "layer", "layers", "rounds", "compute ms", "push ms", "(a) ms",
+               "(b) ms", "ideal ms", "(b)/(a)", "(b)/ideal", "layer eff");
         return;
     }
     if (cfg->op == BOP_LINK) {
@@ -77,15 +77,17 @@ bench_print_row(const bench_cfg *cfg, const bench_result *r)
 
     if (cfg->op == BOP_LAYERWISE) {
         printf("%9s %6" PRIu32 " %6" PRIu32
-               " %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %9.2f\n",
+               " %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %9.2f %9.2f\n",
                cli_fmt_bytes(b, sizeof(b), 2 * r->block), r->layers, r->iters,
                r->comp_ms, r->push_ms, r->seq_ms, r->lw_ms, r->ideal_ms,
-               r->ratio_seq, r->ratio_ideal);
+               r->ratio_seq, r->ratio_ideal, r->layer_eff);
         printf("  layerwise: (b)/(a) = %.2f (target <= 0.6: %s); "
-               "(b)/ideal = %.2f (target <= 1.1: %s); compute %.0f us/layer"
+               "(b)/ideal = %.2f (target <= 1.1: %s); per-layer efficiency "
+               "%.2f (target >= 0.8: %s); compute %.0f us/layer"
                "%s; push %.3f GB/s\n",
                r->ratio_seq, r->ratio_seq <= 0.6 ? "met" : "MISSED",
                r->ratio_ideal, r->ratio_ideal <= 1.1 ? "met" : "MISSED",
+               r->layer_eff, r->layer_eff >= 0.8 ? "met" : "MISSED",
                r->compute_ms * 1e3,
                cfg->compute_ns < 0 ? " (auto: one layer's push)" : "", r->gbps);
         printf("  where (b) goes: compute %.2f ms, inside "
@@ -224,6 +226,7 @@ bench_write_json(const bench_cfg *cfg, const bench_result *rows, size_t n,
                                     r->ratio_seq);
             cJSON_AddNumberToObject(o, "ratio_layerwise_to_ideal",
                                     r->ratio_ideal);
+            cJSON_AddNumberToObject(o, "layer_efficiency", r->layer_eff);
             continue;
         }
         cJSON_AddNumberToObject(o, "block_size", (double)r->block);

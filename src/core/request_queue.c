@@ -61,14 +61,20 @@ llmdd__requests_init(llmdd *dd)
     return LLM_SUCCESS;
 }
 
-/* r->lock held. One more worker, when all are busy and the cap allows. */
+/*
+ * r->lock held. One more worker, when a queue has a job it may start, all
+ * workers are busy and the cap allows. A job of a link at its share waits
+ * for that link's own workers: a layer marked while the request's earlier
+ * layers move starts no thread (the marking thread is the prefill's).
+ */
 void
 llmdd__rq_worker_add(struct llmdd__reqs *r, llmdd *dd)
 {
     pthread_attr_t attr;
     pthread_t t;
 
-    if (r->stop || r->idle > 0 || r->nthreads >= WORKERS_MAX)
+    if (r->stop || r->idle > 0 || r->nthreads >= WORKERS_MAX ||
+        (r->ring_head == NULL && r->nthreads > 0))
         return;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

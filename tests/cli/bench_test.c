@@ -209,7 +209,7 @@ test_bench_pull_blocks_inflight(void **state)
     cu_result_free(&r);
 }
 
-/* --op layerwise: both times, both ratios, where the time went. */
+/* --op layerwise: both times, the ratios, where the time went. */
 static void
 test_bench_layerwise(void **state)
 {
@@ -242,8 +242,13 @@ test_bench_layerwise(void **state)
     assert_true(num(row, "layerwise_ms") >= 1.2);
     assert_true(num(row, "ratio_layerwise_to_sequential") > 0);
     assert_true(num(row, "ratio_layerwise_to_ideal") > 0);
+    /* A layer's share of the slot against that layer alone: positive, and
+     * far from the 4x an inverted ratio would give. */
+    assert_true(num(row, "layer_efficiency") > 0.05);
+    assert_true(num(row, "layer_efficiency") < 20);
     assert_non_null(strstr(r.out, "  layerwise: (b)/(a) = "));
     assert_non_null(strstr(r.out, "; (b)/ideal = "));
+    assert_non_null(strstr(r.out, "; per-layer efficiency "));
     assert_non_null(strstr(r.out, "where (b) goes: compute "));
     cJSON_Delete(root);
     cu_result_free(&r);
