@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,7 +74,18 @@ etcd_spawn(te_etcd *e)
                           "--initial-cluster", cluster,
                           "--log-level", "warn",
                           NULL};
-    e->pid = th_spawn(argv, (const int[3]){-1, fd, fd});
+    /* Not th_spawn: etcd must not outlive a test that is killed (a CTest
+     * timeout), so it gets SIGKILL when this thread ends. */
+    fflush(NULL);
+    pid_t parent = getpid();
+    e->pid = fork();
+    if (e->pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent ||
+            dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(127);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
     close(fd);
     assert_true(e->pid > 0);
     /* Ready when the library's own client gets an answer. */
