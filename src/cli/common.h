@@ -383,5 +383,8 @@ cli_metrics_server *cli_metrics_start(llmdd *dd, const char *ip, uint16_t port,
 /* The port it serves on: the kernel's choice when started on port 0. */
 uint16_t cli_metrics_port(const cli_metrics_server *s);
 void cli_metrics_stop(cli_metrics_server *s); /* NULL is a no-op */
+/* The transport dd's own transfers went over, from its metrics ("" when
+ * none moved yet). */
+void cli_transport_used(llmdd *dd, char *out, size_t cap);
 
 #endif

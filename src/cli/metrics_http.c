@@ -262,3 +262,32 @@ cli_metrics_stop(cli_metrics_server *s)
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
+
+/*
+ * The transport of the transfers dd called, as its metrics name it: the
+ * first caller-side series of llmdd_transfers_total. "" when none moved.
+ */
+void
+cli_transport_used(llmdd *dd, char *out, size_t cap)
+{
+    static const char series[] = "\nllmdd_transfers_total{side=\"caller\"";
+    size_t need = llmdd_metrics_text(dd, NULL, 0) + 4096;
+    char *buf = malloc(need);
+
+    out[0] = '\0';
+    if (buf == NULL)
+        return;
+    llmdd_metrics_text(dd, buf, need);
+    const char *p = strstr(buf, series);
+    const char *end = p != NULL ? strchr(p + 1, '\n') : NULL;
+    const char *t = p != NULL ? strstr(p, "transport=\"") : NULL;
+    if (t != NULL && (end == NULL || t < end)) {
+        t += strlen("transport=\"");
+        size_t n = strcspn(t, "\"");
+        if (n < cap) {
+            memcpy(out, t, n);
+            out[n] = '\0';
+        }
+    }
+    free(buf);
+}

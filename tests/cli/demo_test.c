@@ -24,12 +24,27 @@ static void
 expect_demo_ok(const cu_result *r)
 {
     if (r->code != 0 || strstr(r->out, "OK: every transfer verified") == NULL ||
-        verified_rows(r->out) != 6)
+        verified_rows(r->out) != 7)
         cu_dump("demo", r);
     assert_int_equal(r->code, 0);
     assert_non_null(strstr(r->out, "OK: every transfer verified"));
-    /* Four transfers, the layer-wise push and its notification. */
-    assert_int_equal(verified_rows(r->out), 6);
+    /* Five transfers (the slot pull cold and warm), the layer-wise push and
+     * its notification. */
+    assert_int_equal(verified_rows(r->out), 7);
+    assert_non_null(strstr(r->out, ", cold (the link's first) "));
+    assert_non_null(strstr(r->out, ", again (warm) "));
+    /* The transport the transfers took; with auto, said to be its choice. */
+    const char *t = strstr(r->out, "\ntransport: ");
+    assert_non_null(t);
+    if (strcmp(transport, "auto") == 0) {
+        assert_non_null(strstr(t, " (what auto chose for this peer)\n"));
+        /* Two processes on one host: shm when it is built in. */
+        assert_true(strncmp(t, "\ntransport: shm ", 16) == 0 ||
+                    strncmp(t, "\ntransport: tcp ", 16) == 0);
+    } else {
+        assert_true(strncmp(t + 12, transport, strlen(transport)) == 0);
+        assert_true(t[12 + strlen(transport)] == '\n');
+    }
 }
 
 static void
