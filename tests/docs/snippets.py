@@ -226,6 +226,9 @@ SNIPPETS = {
         "llmdd.python.pytest (test_install.py: cmake --install and pip)",
     ("docs/python.md", "python", "# against a prompt node: llmdd serve --listen "
      "127.0.0.1:26000 --cluster-id 1 --fill --model tiny"): py_guide,
+    ("docs/python.md", "python", "import numpy as np, llmdd"):
+        "llmdd.python.pytest (test_layout.py: the same two prefill ranks, NHD blocks of "
+        "16, into an HND decoder cache, by tp_plan and pull_slices, every byte checked)",
     ("docs/cpp.md", "sh", "g++ -std=c++17 app.cpp -I<prefix>/include -L<prefix>/lib -lllmdd"):
         "llmdd.install.consumers (a C++ consumer against an installed tree)",
     ("docs/operations.md", "sh", "llmdd serve --listen 10.0.0.5:26000 --cluster-id 7 --fill "
