@@ -77,6 +77,16 @@ def receive(dd, timeout_s):
     return [(c, json.loads(m)) for c, m in got]
 
 
+def blocks_print(cache, blocks):
+    """An order-sensitive fingerprint of blocks (layer 0's K): block k's sum
+    weighted by k + 1, in float64, the same ops on both sides. A rotation of
+    whole blocks changes it even where attention cannot tell (every block
+    full: the attention sums over keys in any order)."""
+    idx = torch.as_tensor(blocks, dtype=torch.long)
+    sums = cache[0][idx].double().sum(dim=(1, 2, 3))
+    return float((sums * torch.arange(1, len(blocks) + 1, dtype=torch.float64)).sum())
+
+
 def decode_rest(model, cache, ps, tables, first, gen):
     """Steps 2..gen, the whole batch at once, in prompt order."""
     out = [[first[i]] for i in range(len(ps))]
@@ -156,7 +166,8 @@ def prefill_role(a):
                         tc = time.monotonic()
                         req = dd.push_blocks_async(cache, dec, src, dst, **kw)
                     inflight.append((m["rid"], req, src))
-                    send(dd, c, cmd="computed", rid=m["rid"], t=tc)   # when compute ended
+                    send(dd, c, cmd="computed", rid=m["rid"], t=tc,   # when compute ended
+                         fp=blocks_print(cache_t, src))
                 elif m["cmd"] == "quit":
                     done = True
             for item in list(inflight):
@@ -212,6 +223,7 @@ def decode_role(a, cfg, lengths, gen):
                 rng.shuffle(free)                 # scattered, unlike the prefill's blocks
                 tables = [[free.pop() for _ in range(blocks_for(len(p) + gen))] for p in ps]
                 first, ttft, landed, computed = {}, {}, {}, {}
+                fps, misplaced = {}, []
                 t0 = time.perf_counter()
                 for i, p in enumerate(ps):
                     send(dd, PREFILL_ID, cmd="prefill", rid=i, mode=mode, brk=a.brk,
@@ -228,12 +240,20 @@ def decode_role(a, cfg, lengths, gen):
                         i = m["rid"]
                         if m["cmd"] == "computed":    # the prefill's clock: same host only
                             computed[i] = m["t"]
+                            fps[i] = m["fp"]
                             continue
                         landed[i] = now               # m["cmd"] == "kv": request i's KV landed
+                        # Before the first step writes into the last block.
+                        landed_fp = blocks_print(cache, tables[i][:blocks_for(len(ps[i]) - 1)])
+                        fps.setdefault(("dec", i), landed_fp)
                         first[i] = model.decode_step([ps[i][-1]], [len(ps[i]) - 1],
                                                      [tables[i]], cache)[0]
                         ttft[i] = time.perf_counter() - t0
+                for i in range(len(ps)):
+                    if fps[("dec", i)] != fps[i]:
+                        misplaced.append(i)
                 results[mode].append({
+                    "misplaced": misplaced,
                     "tokens": decode_rest(model, cache, ps, tables, first, gen),
                     "ttft": [ttft[i] for i in range(len(ps))], "warmup": rnd == 0,
                     "tail": [landed[i] - computed[i] for i in range(len(ps))]})
@@ -429,6 +449,13 @@ def report(cfg, lengths, ref, results, transport, same_clock=False):
                 if r == 0 or not same:
                     print(f"  {mode + ' #' + str(r):<15} {res['tokens'][i]}"
                           f"{'' if same else '   <-- DIFFERS'}")
+    for mode in modes:
+        for r, res in enumerate(results[mode]):
+            for i in res.get("misplaced", []):
+                ok = False
+                whole = (lengths[i] - 1) % BLOCK == 0
+                print(f"  {mode} #{r}: KV blocks out of place: request {i} ({lengths[i] - 1} "
+                      f"tokens{', whole blocks' if whole else ''})")
     print("time to first token (ms), mean over the batch / the last request; median over rounds:")
     rows = [("one", ref.get("rounds", [ref]))]
     rows += [(m, [r for r in results[m] if not r.get("warmup")]) for m in modes]
