@@ -122,8 +122,12 @@ remote_layout(llmdd__link *link, llmdd__remote_cache *rc, int64_t deadline,
     pthread_mutex_unlock(&link->rc_lock);
     if (state == 1)
         return LLM_SUCCESS;
-    if (state == 2)
+    if (state == 2) {
+        log_error("slices: cache %lld of cluster %llu has no KV layout",
+                  (long long)rc->id,
+                  (unsigned long long)link->peer.cluster_id);
         return LLM_CACHE_INCOMPATIBLE;
+    }
     llmdd_kv_layout l;
     llmdd_status st = layout_ask(link, rc->id, deadline, &l);
     /* A peer's layout is a claim: it must fit the cache it described. */
@@ -135,6 +139,10 @@ remote_layout(llmdd__link *link, llmdd__remote_cache *rc, int64_t deadline,
                   (long long)rc->id);
         st = LLM_CACHE_INCOMPATIBLE;
     }
+    if (st == LLM_CACHE_INCOMPATIBLE)
+        log_error("slices: cache %lld of cluster %llu has no KV layout",
+                  (long long)rc->id,
+                  (unsigned long long)link->peer.cluster_id);
     if (st == LLM_SUCCESS || st == LLM_CACHE_INCOMPATIBLE) {
         pthread_mutex_lock(&link->rc_lock);
         rc->layout_state = st == LLM_SUCCESS ? 1 : 2;
@@ -170,55 +178,90 @@ table_repeats(const llmdd_block_table *t)
            llmdd__table_repeats(&all, 1, 0, t->num_blocks) != 0;
 }
 
+/* A refusal, logged with its cause (the status is the caller's). */
+#define REFUSE(st, ...)                                                        \
+    do {                                                                       \
+        log_error(__VA_ARGS__);                                                \
+        return (st);                                                           \
+    } while (0)
+
+static const char *
+what(const sargs *a)
+{
+    return a->write ? "push_kv_slices" : "pull_kv_slices";
+}
+
 static llmdd_status
 check_args(llmdd *dd, const sargs *a)
 {
     if (a->n == 0)
-        return LLM_PARAM_INVALID;
+        REFUSE(LLM_PARAM_INVALID, "%s: no slices", what(a));
     if (a->n > LLMDD_SLICES_MAX)
-        return LLM_CLUSTER_NUM_EXCEED_LIMIT;
+        REFUSE(LLM_CLUSTER_NUM_EXCEED_LIMIT, "%s: %zu slices, at most %d",
+               what(a), a->n, LLMDD_SLICES_MAX);
     if (a->remotes == NULL || a->slices == NULL || a->local == NULL ||
         (a->post && a->req_out == NULL))
-        return LLM_PARAM_INVALID;
+        REFUSE(LLM_PARAM_INVALID, "%s: a NULL argument", what(a));
     const llmdd_xfer_opts *o = a->opts;
     if (o != NULL &&
         ((o->flags & ~(LLMDD_XFER_LAYERWISE | LLMDD_XFER_COMPLETION)) != 0 ||
          o->notify_len > LLMDD_NOTIFY_MAX ||
          (o->notify == NULL && o->notify_len > 0) || !a->post))
-        return LLM_PARAM_INVALID;
+        REFUSE(LLM_PARAM_INVALID, "%s: bad opts (flags 0x%x, notify %zu bytes)",
+               what(a), o->flags, o->notify_len);
     for (size_t i = 0; i < a->n; i++) {
         const llmdd_kv_slice *s = &a->slices[i];
         bool moves = s->token_begin < s->token_end;
         if ((s->src.blocks == NULL && s->src.num_blocks > 0) ||
             (s->dst.blocks == NULL && s->dst.num_blocks > 0))
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID, "%s: slice %zu: a NULL block table",
+                   what(a), i);
         if (a->remotes[i].cluster_id == dd->cluster_id ||
             a->remotes[i].batch_index != 0)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: cluster %llu batch %u (not our own cluster, "
+                   "batch_index 0)",
+                   what(a), i, (unsigned long long)a->remotes[i].cluster_id,
+                   a->remotes[i].batch_index);
         if ((s->head_begin != 0 || s->head_end != 0) &&
             s->head_begin >= s->head_end)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID, "%s: slice %zu: empty head range [%u, %u)",
+                   what(a), i, s->head_begin, s->head_end);
         if (s->token_begin > s->token_end)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: reversed token range [%llu, %llu)", what(a),
+                   i, (unsigned long long)s->token_begin,
+                   (unsigned long long)s->token_end);
         if (moves && (s->src.num_blocks == 0 || s->dst.num_blocks == 0))
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu moves tokens with an empty table", what(a), i);
         if (table_repeats(&s->dst))
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: the destination table names a block twice",
+                   what(a), i);
         if (llmdd__ext_check_shape(&s->ext) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: bad layer ranges {%d,%d} -> {%d,%d}",
+                   what(a), i, s->ext.src_layer_range.first,
+                   s->ext.src_layer_range.second, s->ext.dst_layer_range.first,
+                   s->ext.dst_layer_range.second);
     }
     if (layerwise(a)) {
         if (!a->write)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID, "%s: layer-wise is for pushes", what(a));
         const llmdd_kv_ext_param *e0 = &a->slices[0].ext;
         if (e0->tensor_num_per_layer < 1)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID, "%s: layer-wise with 0 tensors a layer",
+                   what(a));
         for (size_t i = 1; i < a->n; i++) {
             const llmdd_kv_ext_param *e = &a->slices[i].ext;
             if (range_width(&e->src_layer_range) !=
                     range_width(&e0->src_layer_range) ||
                 e->tensor_num_per_layer != e0->tensor_num_per_layer)
-                return LLM_PARAM_INVALID;
+                REFUSE(LLM_PARAM_INVALID,
+                       "%s: layer-wise slices 0 and %zu differ in source "
+                       "layers or tensors a layer",
+                       what(a), i);
         }
     }
     return LLM_SUCCESS;
@@ -236,7 +279,8 @@ static llmdd_status
 check_local(const sargs *a, const llmdd__cache *lc, sstate *ss)
 {
     if (!lc->has_layout)
-        return LLM_CACHE_INCOMPATIBLE;
+        REFUSE(LLM_CACHE_INCOMPATIBLE, "%s: local cache %lld has no KV layout",
+               what(a), (long long)lc->id);
     for (size_t i = 0; i < a->n; i++) {
         const llmdd_kv_slice *s = &a->slices[i];
         ss[i].moves = s->token_begin < s->token_end;
@@ -244,15 +288,28 @@ check_local(const sargs *a, const llmdd__cache *lc, sstate *ss)
             llmdd__table_check(table_of(s, a->write), &lc->layout,
                                (uint64_t)lc->desc.shape[0], s->token_begin,
                                s->token_end) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: the local table (first token %llu, %zu "
+                   "blocks of %u) is misaligned, does not cover [%llu, %llu) "
+                   "or names a block past local cache %lld's %lld",
+                   what(a), i,
+                   (unsigned long long)table_of(s, a->write)->first_token,
+                   table_of(s, a->write)->num_blocks, lc->layout.block_size,
+                   (unsigned long long)s->token_begin,
+                   (unsigned long long)s->token_end, (long long)lc->id,
+                   (long long)lc->desc.shape[0]);
         /* The local side is the source of a push, the destination of a
          * pull; resolve with is_src accordingly. */
         if (llmdd__range_resolve(&s->ext, a->write, lc->desc.num_tensors,
                                  &ss[i].lspan) != LLM_SUCCESS)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: the layer range does not fit local cache "
+                   "%lld (%u tensors)",
+                   what(a), i, (long long)lc->id, lc->desc.num_tensors);
         if (layerwise(a) &&
             ss[i].lspan.count % s->ext.tensor_num_per_layer != 0)
-            return LLM_PARAM_INVALID;
+            REFUSE(LLM_PARAM_INVALID,
+                   "%s: slice %zu: layer-wise needs whole layers", what(a), i);
     }
     return LLM_SUCCESS;
 }
@@ -360,15 +417,26 @@ check_remote(const sargs *a, const llmdd__cache *lc, sstate *ss,
         const llmdd_kv_layout *rl = &rls[i];
         if (!llmdd__layout_compatible(&lc->layout, rl) ||
             lc->desc.data_type != ss[i].rc->desc.data_type)
-            return LLM_CACHE_INCOMPATIBLE;
+            REFUSE(LLM_CACHE_INCOMPATIBLE,
+                   "%s: slice %zu: cache %lld of cluster %llu is not compatible "
+                   "(total heads %u/%u, head bytes %u/%u, parts %u/%u, data "
+                   "type %d/%d, or both tags set and different)",
+                   what(a), i, (long long)ss[i].rc->id,
+                   (unsigned long long)a->remotes[i].cluster_id,
+                   lc->layout.total_heads, rl->total_heads,
+                   lc->layout.head_bytes, rl->head_bytes, lc->layout.num_parts,
+                   rl->num_parts, (int)lc->desc.data_type,
+                   (int)ss[i].rc->desc.data_type);
     }
     const llmdd_kv_layout **dls = calloc(a->n, sizeof(*dls));
     if (dls == NULL)
         return LLM_OUT_OF_MEMORY;
     llmdd_status st = LLM_SUCCESS;
+    size_t bad = 0;
     for (size_t i = 0; i < a->n && st == LLM_SUCCESS; i++) {
         const llmdd_kv_slice *s = &a->slices[i];
         const llmdd_kv_layout *rl = &rls[i];
+        bad = i;
         const llmdd_kv_layout *sl = a->write ? &lc->layout : rl;
         const llmdd_kv_layout *dl = a->write ? rl : &lc->layout;
         dls[i] = rl;
@@ -390,6 +458,13 @@ check_remote(const sargs *a, const llmdd__cache *lc, sstate *ss,
             break;
         st = LLM_SUCCESS;
     }
+    if (st != LLM_SUCCESS)
+        log_error("%s: slice %zu: the remote table, the heads [%u, %u) (held "
+                  "by both sides?) or the layer ranges do not fit cache %lld "
+                  "of cluster %llu",
+                  what(a), bad, ss[bad].h0, ss[bad].h1,
+                  (long long)ss[bad].rc->id,
+                  (unsigned long long)a->remotes[bad].cluster_id);
     if (st == LLM_SUCCESS)
         st = check_overlap(a, &lc->layout, dls, ss);
     free(dls);
