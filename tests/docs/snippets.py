@@ -95,10 +95,16 @@ def compile_and_run(src, lang, tmp, what):
         f.write(src)
     libdir = os.path.dirname(LIB)
     cc = ["cc", "-std=c11"] if lang == "c" else ["c++", "-std=c++17"]
+    # Against a sanitizer build the program carries the same runtime, linked
+    # first (a preloaded one deadlocks at exit in a dependency's fini).
+    san = os.environ.get("LLMDD_SANITIZE", "")
+    if san:
+        cc.append("-fsanitize=" + san)
     run(cc + ["-Wall", "-Werror", "-Wno-unused-variable", "-o", exe, path,
               "-I", os.path.join(SRC, "include"), "-L", libdir, "-lllmdd",
               "-Wl,-rpath," + libdir], f"{what}: compile")
-    run([exe], what)
+    env = {k: v for k, v in os.environ.items() if not (san and k == "LD_PRELOAD")}
+    run([exe], what, env=env)
 
 
 def wrap_main(text, lang, prelude="", ret="st == LLM_SUCCESS ? 0 : 1"):
