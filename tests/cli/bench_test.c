@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 /* Runs bench with args (NULL-ended) plus --json FILE; returns the JSON. */
 static cJSON *

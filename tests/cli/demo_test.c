@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 static const char *transport;
 

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 static double
 num(const cJSON *o, const char *name)

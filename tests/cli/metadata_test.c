@@ -1,5 +1,5 @@
 /*
- * The tool with discovery through a real etcd (tests/meta/etcd_util.c):
+ * The tool with discovery through a real etcd (tests/harness/etcd_util.c):
  * `llmdd serve --metadata` publishes, `llmdd info --metadata` lists it,
  * `llmdd pull --metadata --remote-cluster-id` finds it without --connect
  * and verifies every byte; an unknown id and a prefix of another fleet fail
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_util.h"
-#include "etcd_util.h"
+#include "harness/cli_util.h"
+#include "harness/etcd_util.h"
 
 #define SHAPE "--model", "tiny", "--tokens", "64", "--batch", "3"
 

@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 #define SHAPE "--model", "tiny", "--tokens", "64", "--batch", "3"
 #define REPLY_MAX (1u << 20)

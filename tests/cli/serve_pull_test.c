@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 #define SHAPE "--model", "tiny", "--tokens", "64", "--batch", "3"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 static void
 test_help_everywhere(void **state)

@@ -25,8 +25,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
-#include "mp.h"
+#include "harness/fault_util.h"
+#include "harness/mp.h"
 
 #define PEER 1
 #define TOKEN "llmdd-test-secret-5b1f0c9e7d"

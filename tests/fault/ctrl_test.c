@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define SERVER 1
 #define CLIENT 2

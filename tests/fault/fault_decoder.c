@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 static bool
 stdin_closed(void)

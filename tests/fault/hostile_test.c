@@ -26,7 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define PEER 1
 #define SELF 2

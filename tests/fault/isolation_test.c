@@ -27,8 +27,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "fault/fault_util.h"
-#include "multiproc/mp.h"
+#include "harness/fault_util.h"
+#include "harness/mp.h"
 
 #define MARGIN_MS (500 * FU_SLOW)
 

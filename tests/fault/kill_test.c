@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define PEER 1
 #define SELF 2

@@ -28,7 +28,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define PEER 1
 #define SELF 2

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define MAX_DECODERS 64
 

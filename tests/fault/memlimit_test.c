@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define LIMIT (1ull << 30)
 

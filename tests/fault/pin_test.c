@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define WAIT_MS 1000         /* the prompt's llm.SyncKvCacheWaitTime */
 #define STALL_MS 5000        /* the data plane's stall limit */

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define PEER 1
 #define SELF 2

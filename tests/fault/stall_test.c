@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #define PEER 1
 #define SELF 2

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "base/wire.h"
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 #include "transport/ucx/ucx_wire.h"
 
 #define UCX_FLAG_HELLO 1u /* ucx.c: the data connection of the exchange */

@@ -17,8 +17,8 @@
 #include <signal.h>
 #include <string.h>
 
-#include "etcd_util.h"
-#include "mp.h"
+#include "harness/etcd_util.h"
+#include "harness/mp.h"
 
 #define LEASE_MS 2000
 #define LEASE_OPT "llm.MetadataLeaseMs=2000"

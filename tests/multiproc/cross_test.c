@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #define ROUNDS_DEFAULT 50
 #define LINK_TIMEOUT_MS 5000

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #define WAIT_MS 3000
 #define MARGIN_MS 2000

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 static const char *const prompt_args[] = {"--role", "prompt", NULL};
 

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define SLOW 4

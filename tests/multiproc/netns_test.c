@@ -35,7 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #define NS_PREFIX "llmddt"
 #define NET "10.231.7."

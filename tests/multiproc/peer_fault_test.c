@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #define WAIT_MS 3000
 #define MARGIN_MS 2000

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "multiproc/mp.h"
+#include "harness/mp.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define SLOW 8

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mp.h"
+#include "harness/mp.h"
 
 #define ROUNDS 20
 #define MIB 8 /* per tensor; 2 tensors, 4 slots: 4 MiB a push */

@@ -1,4 +1,4 @@
-#include "fault/fault_util.h"
+#include "harness/fault_util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-#include "mp.h"
+#include "harness/mp.h"
 
 #include <dirent.h>
 #include <fcntl.h>

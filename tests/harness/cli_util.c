@@ -1,5 +1,5 @@
 /* Helpers for the tests of the `llmdd` tool; see cli_util.h. */
-#include "cli_util.h"
+#include "harness/cli_util.h"
 
 #include <fcntl.h>
 #include <poll.h>

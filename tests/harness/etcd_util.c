@@ -1,4 +1,4 @@
-#include "etcd_util.h"
+#include "harness/etcd_util.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
