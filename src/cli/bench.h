@@ -210,6 +210,12 @@ int bench_discovery(const bench_cfg *cfg);
 /* ---- bench_slices.c: --op slices (KV layouts); the exit code. ---- */
 int bench_slices(const bench_cfg *cfg);
 
+/* ---- bench_args.c ---- */
+
+/* Parses the command line into cfg: 0, -1 after --help, or an exit code
+ * after a message. */
+int bench_parse(bench_cfg *cfg, int argc, char **argv);
+
 /* ---- bench_report.c ---- */
 
 int bench_base_kind(const bench_cfg *cfg);

@@ -13,6 +13,7 @@ add_executable(llmdd_cli
   src/cli/serve.c
   src/cli/pull.c
   src/cli/bench.c
+  src/cli/bench_args.c
   src/cli/bench_node.c
   src/cli/bench_base.c
   src/cli/bench_report.c
