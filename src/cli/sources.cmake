@@ -10,6 +10,7 @@ add_executable(llmdd_cli
   src/cli/fill.c
   src/cli/node.c
   src/cli/demo.c
+  src/cli/demo_node.c
   src/cli/serve.c
   src/cli/pull.c
   src/cli/bench.c
