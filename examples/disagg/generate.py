@@ -5,6 +5,13 @@
     /usr/bin/python3 examples/disagg/generate.py --transport tcp
     /usr/bin/python3 examples/disagg/generate.py --small    # the CI configuration
 
+Where layer streaming pays: the transfer a real share of the prefill. --long has 8
+layers and prompts of 256 to 2000 tokens; --link-gbps G runs both sides (over tcp) in a
+network namespace whose loopback caps every TCP flow at G Gbit/s, as clouds cap one flow
+(scripts/flowcap.sh; needs root):
+
+    /usr/bin/python3 examples/disagg/generate.py --long --link-gbps 1 --rounds 3
+
 Heterogeneous: the prefill as N tensor-parallel processes, each holding its share of
 the KV heads in a paged NHD cache of one block size; the decoder holds all heads in HND
 blocks of another size and gathers every request's KV with one slice request from all
@@ -54,6 +61,8 @@ torch.set_num_threads(1)
 
 LENGTHS = [17, 64, 129, 250, 383, 511, 777, 1000]
 SMALL_LENGTHS = [17, 18, 31, 33, 64, 100, 160, 257]
+LONG = dict(FULL, layers=8)       # --long: the KV a real share of the prefill
+LONG_LENGTHS = [256, 512, 768, 1024, 1280, 1536, 1792, 2000]
 GEN = 32
 PREFILL_ID, DECODE_ID = 1, 2
 MODES = ("after", "stream")
@@ -486,6 +495,11 @@ def main():
     ap.add_argument("--decode-host", default=None,
                     help="the decoder's own address (it listens there); optional")
     ap.add_argument("--small", action="store_true", help="the small CI configuration")
+    ap.add_argument("--long", action="store_true",
+                    help="8 layers, prompts of 256 to 2000 tokens (the streaming configuration)")
+    ap.add_argument("--link-gbps", type=float, default=None,
+                    help="run in a network namespace that caps each TCP flow at this rate "
+                         "(implies --transport tcp; needs root)")
     ap.add_argument("--rounds", type=int, default=3, help="batches per mode (default 3)")
     ap.add_argument("--break", dest="brk", choices=("layer", "blocks"), default=None,
                     help="test the test: the prefill leaves out the last layer, or pushes "
@@ -500,7 +514,21 @@ def main():
     ap.add_argument("--prefill-rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    cfg, lengths = (SMALL, SMALL_LENGTHS) if a.small else (FULL, LENGTHS)
+    if a.link_gbps is not None and not os.environ.get("LLMDD_FLOWCAP"):
+        if a.role != "both" or a.link_gbps <= 0:
+            ap.error("--link-gbps: a rate > 0, with --role both")
+        if os.geteuid() != 0:
+            ap.error("--link-gbps needs root (a network namespace and tc)")
+        # Again, inside the namespace; every process it starts stays there.
+        argv = sys.argv[1:]                    # the last --transport wins
+        env = dict(os.environ, LLMDD_FLOWCAP="1", RATE=f"{int(a.link_gbps * 1000)}mbit")
+        return subprocess.call(["sh", os.path.join(ROOT, "scripts", "flowcap.sh"),
+                                sys.executable, os.path.abspath(__file__)] + argv
+                               + ["--transport", "tcp"], env=env)
+    if a.link_gbps is not None:
+        a.transport = "tcp"
+    cfg, lengths = ((SMALL, SMALL_LENGTHS) if a.small else (LONG, LONG_LENGTHS) if a.long
+                    else (FULL, LENGTHS))
     cfg = dict(cfg)
     if a.prefill_tp:
         if a.brk:
@@ -549,7 +577,7 @@ def main():
             return 1
         common += ["--prefill-host", json.loads(line)["listen"]]
         cmd = common + ["--role", "decode", "--json"]
-        cmd += ["--small"] if a.small else []
+        cmd += ["--small"] if a.small else ["--long"] if a.long else []
         cmd += ["--decode-host", a.decode_host] if a.decode_host else []
         dec = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300)
         if dec.returncode != 0:
