@@ -19,7 +19,7 @@
  * Striping (llmdd__stream_set_lanes): a transfer of at least
  * STREAM_STRIPE_MIN bytes is cut into contiguous byte ranges of its plan,
  * one per connection ("lane"), moved at once: the calling thread drives the
- * first lane and one short-lived thread each of the others, so that the
+ * first lane and the data plane's lane threads the others, so that the
  * receive copies, which cost a core per flow at 25-100 GbE, run on several
  * cores; every lane lands its bytes in place. A lane whose connection fails
  * cuts the others and the transfer fails; it returns only after every lane
@@ -519,6 +519,7 @@ llmdd__stream_new(llmdd__link *link, int nfwd, int nrev, int serve_max)
     pthread_mutex_init(&s->lock, NULL);
     llmdd__cond_init(&s->cond);
     llmdd__serve_init(&s->serve, &s->lock, &s->cond, &s->down, serve_max);
+    llmdd__stream_lanes_init(s);
     return s;
 }
 
@@ -664,7 +665,9 @@ llmdd__stream_free(llmdd__stream *s)
 {
     if (s == NULL)
         return;
-    /* Serving threads hold link references: none is left by now. */
+    /* Serving threads hold link references: none is left by now, and
+     * neither is a transfer (it holds one too). */
+    llmdd__stream_lanes_fini(s);
     for (int i = 0; i < s->nidle; i++)
         close(s->idle[i]);
     pthread_cond_destroy(&s->cond);

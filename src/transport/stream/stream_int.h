@@ -39,6 +39,19 @@ struct llmdd__stream {
      * request in progress moves (serve_mark). */
     llmdd__serve_set serve;
     bool down;
+    /*
+     * Lane threads (stream_xfer.c): the lanes of a striped transfer other
+     * than the caller's run on them. Started as lanes need them, up to
+     * LLMDD__STREAM_CONNS_MAX, and kept until the data plane is freed, so a
+     * striped transfer (a layer of a layer-wise push) starts no thread.
+     * Guarded by lane_lock.
+     */
+    pthread_mutex_t lane_lock;
+    pthread_cond_t lane_work, lane_done;
+    struct llmdd__lane *lane_head, *lane_tail; /* lanes waiting for one */
+    pthread_t lane_thr[LLMDD__STREAM_CONNS_MAX];
+    int nlane_thr, lane_idle;
+    bool lane_stop;
 };
 
 /* A position in (tensor, run) segments, for scatter/gather I/O (stream.c). */
@@ -71,5 +84,9 @@ int llmdd__stream_recv_reply(llmdd *dd, int fd, struct iovec *rv,
 
 /* stream_xfer.c: puts a requester connection back in the pool. */
 void llmdd__stream_pool_put_idle(llmdd__stream *s, int fd);
+/* stream_xfer.c: the lane threads, at the data plane's creation and end
+ * (no transfer may be in progress at the end). */
+void llmdd__stream_lanes_init(llmdd__stream *s);
+void llmdd__stream_lanes_fini(llmdd__stream *s);
 
 #endif /* LLMDD_TRANSPORT_STREAM_STREAM_INT_H */

@@ -7,10 +7,10 @@
 
 /*
  * Transfers from this size on are striped, and each lane gets at least
- * STREAM_LANE_MIN bytes. Starting and joining a lane's thread costs tens of
- * microseconds; 1 MiB takes about 800 us at the 10 Gbit/s a cloud allows one
- * flow, so a lane is worth its thread well before that, while a small
- * transfer keeps its one round trip on one connection.
+ * STREAM_LANE_MIN bytes. Handing a lane to a lane thread costs a wake-up;
+ * 1 MiB takes about 800 us at the 10 Gbit/s a cloud allows one flow, so a
+ * lane is worth it well before that, while a small transfer keeps its one
+ * round trip on one connection.
  */
 #define STREAM_STRIPE_MIN (4u << 20)
 #define STREAM_LANE_MIN (1u << 20)
@@ -404,7 +404,10 @@ pool_take_more(llmdd__stream *s, int *fds, int max, int64_t deadline)
     return n;
 }
 
-typedef struct {
+/* A lane's place: queued for a lane thread, running on one, done. */
+enum lane_state { LANE_INLINE, LANE_QUEUED, LANE_RUNNING, LANE_DONE };
+
+typedef struct llmdd__lane {
     llmdd__stream *s;
     const llmdd__xfer *x;
     uint64_t per;        /* bytes per tensor in the plan */
@@ -415,8 +418,8 @@ typedef struct {
     llmdd__cancel *cancel; /* the caller's, for the lane's thread */
     llmdd_status st;
     bool ok;
-    bool threaded;
-    pthread_t thread;
+    enum lane_state state; /* s->lane_lock */
+    struct llmdd__lane *next;
 } lane;
 
 /* The runs that cover bytes [a, b) of one tensor's part of x, into out. */
@@ -478,17 +481,116 @@ lane_run(lane *l)
     }
 }
 
+/*
+ * A lane thread: runs queued lanes, one at a time, until the data plane is
+ * freed. Sleeps on lane_work in between.
+ */
 static void *
 lane_main(void *p)
 {
-    lane *l = p;
+    llmdd__stream *s = p;
 
-    /* A cancelled request wakes this lane's waits too; a lane without its
-     * eventfd is woken by its armed socket and the others' cut. */
-    (void)llmdd__cancel_enter(l->cancel, l->cancel != NULL);
-    lane_run(l);
-    llmdd__cancel_leave();
+    pthread_mutex_lock(&s->lane_lock);
+    for (;;) {
+        while (s->lane_head == NULL && !s->lane_stop) {
+            s->lane_idle++;
+            pthread_cond_wait(&s->lane_work, &s->lane_lock);
+            s->lane_idle--;
+        }
+        if (s->lane_head == NULL)
+            break;
+        lane *l = s->lane_head;
+        s->lane_head = l->next;
+        if (s->lane_head == NULL)
+            s->lane_tail = NULL;
+        l->state = LANE_RUNNING;
+        pthread_mutex_unlock(&s->lane_lock);
+        /* A cancelled request wakes this lane's waits too; a lane without
+         * its eventfd is woken by its armed socket and the others' cut. */
+        (void)llmdd__cancel_enter(l->cancel, l->cancel != NULL);
+        lane_run(l);
+        llmdd__cancel_leave();
+        pthread_mutex_lock(&s->lane_lock);
+        l->state = LANE_DONE;
+        pthread_cond_broadcast(&s->lane_done);
+    }
+    pthread_mutex_unlock(&s->lane_lock);
     return NULL;
+}
+
+void
+llmdd__stream_lanes_init(llmdd__stream *s)
+{
+    pthread_mutex_init(&s->lane_lock, NULL);
+    pthread_cond_init(&s->lane_work, NULL);
+    pthread_cond_init(&s->lane_done, NULL);
+}
+
+void
+llmdd__stream_lanes_fini(llmdd__stream *s)
+{
+    pthread_mutex_lock(&s->lane_lock);
+    s->lane_stop = true;
+    pthread_cond_broadcast(&s->lane_work);
+    pthread_mutex_unlock(&s->lane_lock);
+    for (int i = 0; i < s->nlane_thr; i++)
+        pthread_join(s->lane_thr[i], NULL);
+    pthread_cond_destroy(&s->lane_done);
+    pthread_cond_destroy(&s->lane_work);
+    pthread_mutex_destroy(&s->lane_lock);
+}
+
+/*
+ * Queues a lane for a lane thread, starting one when none is idle (up to
+ * LLMDD__STREAM_CONNS_MAX). Without any thread the caller runs it.
+ */
+static void
+lane_post(llmdd__stream *s, lane *l)
+{
+    pthread_mutex_lock(&s->lane_lock);
+    l->state = LANE_INLINE;
+    if (s->lane_idle == 0 && s->nlane_thr < LLMDD__STREAM_CONNS_MAX &&
+        pthread_create(&s->lane_thr[s->nlane_thr], NULL, lane_main, s) == 0)
+        s->nlane_thr++;
+    if (s->nlane_thr > 0) {
+        l->state = LANE_QUEUED;
+        l->next = NULL;
+        if (s->lane_tail != NULL)
+            s->lane_tail->next = l;
+        else
+            s->lane_head = l;
+        s->lane_tail = l;
+        pthread_cond_signal(&s->lane_work);
+    }
+    pthread_mutex_unlock(&s->lane_lock);
+}
+
+/*
+ * After the caller's own lane: a lane no thread has taken yet is taken back
+ * and run here (every lane thread may be busy with other transfers' lanes);
+ * one that is running is waited for.
+ */
+static void
+lane_finish(llmdd__stream *s, lane *l)
+{
+    pthread_mutex_lock(&s->lane_lock);
+    if (l->state == LANE_QUEUED) {
+        lane **p = &s->lane_head;
+        lane *prev = NULL;
+        while (*p != l) {
+            prev = *p;
+            p = &(*p)->next;
+        }
+        *p = l->next;
+        if (s->lane_tail == l)
+            s->lane_tail = prev;
+        l->state = LANE_INLINE;
+    }
+    while (l->state == LANE_RUNNING)
+        pthread_cond_wait(&s->lane_done, &s->lane_lock);
+    pthread_mutex_unlock(&s->lane_lock);
+    if (l->state == LANE_INLINE)
+        lane_run(l);
 }
 
 /*
@@ -525,17 +627,11 @@ stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
                           .fd = fds[i],
                           .cancel = x->cancel};
     }
-    /* A lane whose thread does not start is run here after the first. */
     for (int i = 1; i < n; i++)
-        lanes[i].threaded =
-            pthread_create(&lanes[i].thread, NULL, lane_main, &lanes[i]) == 0;
+        lane_post(s, &lanes[i]);
     lane_run(&lanes[0]);
-    for (int i = 1; i < n; i++) {
-        if (lanes[i].threaded)
-            pthread_join(lanes[i].thread, NULL);
-        else
-            lane_run(&lanes[i]);
-    }
+    for (int i = 1; i < n; i++)
+        lane_finish(s, &lanes[i]);
     bool aborted = atomic_load(&sp.aborted);
     for (int i = 0; i < n; i++) {
         if (st == LLM_SUCCESS)
