@@ -10,6 +10,7 @@
  *   heads-nhd   half the heads of an NHD cache, 256-byte elements
  *   remap16-64  all heads, HND block 16 -> HND block 64
  *   4-sources   8 heads from 4 sources (2 each) vs one source holding all
+ *   heads-perm  heads-hnd into a permuted decoder table
  * then the planner alone: ns per 2-D run (llmdd_kv_slice_plan_size), and
  * Llama-3-70B's plan (80 layers, 8 KV heads, 8,192 tokens, block 16,
  * prefill TP 8 -> decode TP 2, contiguous tables): 2-D runs of one decode
@@ -92,6 +93,7 @@ typedef struct {
     uint32_t nsrc;
     llmdd_kv_layout sl[SB_SRCS], dl;
     uint32_t h0[SB_SRCS], h1[SB_SRCS];
+    bool shuffled; /* the decoder's table permuted, as a serving engine's */
 } sb_row;
 
 /* A posted request's end: its status, the request freed. */
@@ -138,6 +140,11 @@ sb_run_row(const sb_ctx *c, const sb_row *row, double *test_median)
     }
     for (uint64_t b = 0; b < dblocks; b++)
         dtab[b] = b;
+    for (uint64_t b = dblocks; row->shuffled && b > 1; b--) {
+        uint64_t j = ((b * 2654435761u) >> 11) % b, t = dtab[b - 1];
+        dtab[b - 1] = dtab[j];
+        dtab[j] = t;
+    }
     for (uint32_t i = 0; i < row->nsrc; i++) {
         const llmdd_kv_layout *l = &row->sl[i];
         uint64_t nb = tokens / l->block_size;
@@ -315,7 +322,7 @@ bench_slices(const bench_cfg *cfg)
            cfg->lo.transport, c.rounds, (double)c.bytes / (1 << 20));
     printf("%-11s %13s %7s %9s %9s %6s  %s\n", "row", "bytes", "runs",
            "base GB/s", "test GB/s", "ratio", "[min .. max ratio]");
-    sb_row rows[4];
+    sb_row rows[5];
     memset(rows, 0, sizeof(rows));
     rows[0] = (sb_row){.name = "heads-hnd", .nsrc = 1,
                        .sl = {sb_layout(true, 16, 2, 0, 2, 256)},
@@ -329,6 +336,9 @@ bench_slices(const bench_cfg *cfg)
                        .sl = {sb_layout(true, 16, 8, 0, 8, 128)},
                        .dl = sb_layout(true, 64, 8, 0, 8, 128),
                        .h0 = {0}, .h1 = {8}};
+    rows[4] = rows[0];
+    rows[4].name = "heads-perm";
+    rows[4].shuffled = true;
     rows[3] = (sb_row){.name = "4-sources", .nsrc = SB_SRCS,
                        .dl = sb_layout(true, 16, 8, 0, 8, 128)};
     for (uint32_t i = 0; i < SB_SRCS; i++) {
@@ -337,9 +347,10 @@ bench_slices(const bench_cfg *cfg)
         rows[3].h1[i] = 2 * i + 2;
     }
     bool ok = true;
-    double med[5] = {0};
+    double med[6] = {0};
     for (int i = 0; i < 4; i++)
         ok = sb_run_row(&c, &rows[i], &med[i]) && ok;
+    ok = sb_run_row(&c, &rows[4], &med[5]) && ok;
     /* The 4-source row's baseline is one source moving the same bytes
      * with the same layouts: heads 0..8 from source 1. */
     sb_row one = {.name = "1-source", .nsrc = 1,
