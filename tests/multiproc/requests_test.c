@@ -231,16 +231,17 @@ test_cancel_latency(void **state)
     assert_int_equal(th_link(dd, PEER, MP_IP, p->port, 5000), LLM_SUCCESS);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     llmdd_cache_index from = {PEER, rid, 1};
-    /* The baseline: a whole pull of the slot, best of 3. A cancel that
-     * only waited for the transfer to end would take most of it. */
-    int64_t whole = INT64_MAX;
+    /* The baseline: a whole pull of the slot, the median of 3. A cancel
+     * that only waited for the transfer to end would take most of it. */
+    int64_t wholes[3];
     for (int r = 0; r < 3; r++) {
         int64_t t0 = now_us();
         assert_int_equal(llmdd_pull_kv_cache(dd, &from, &local, 0, -1, NULL),
                          LLM_SUCCESS);
-        int64_t t = now_us() - t0;
-        whole = t < whole ? t : whole;
+        wholes[r] = now_us() - t0;
     }
+    qsort(wholes, 3, sizeof(wholes[0]), cmp_i64);
+    int64_t whole = wholes[1];
     for (int r = 0; r < ROUNDS; r++) {
         llmdd_request *req;
         assert_int_equal(llmdd_pull_kv_cache_async(dd, &from, &local, 0, -1,
@@ -276,9 +277,10 @@ test_cancel_latency(void **state)
      * 50 ms and the 19th of 20 to 200 ms (more under sanitizers); the
      * numbers above are the measurement. */
     assert_true(us[ROUNDS / 2] < 50000 * SLOW);
-    /* And it interrupts: a cancel that waited for the transfer would take
-     * about the whole pull, less the few ms it ran first. */
-    assert_true(us[ROUNDS / 2] < whole / 2);
+    /* And it interrupts: a cancel that waited for the transfer took 0.8 to
+     * 1.0 of the whole pull (it had run 2 to 6 ms first); one that
+     * interrupts, 0.05 to 0.4 here. */
+    assert_true(us[ROUNDS / 2] < whole * 6 / 10);
     assert_true(us[ROUNDS - 2] < 200000 * SLOW);
     /* The link still works. */
     llmdd_cache_index kv = {PEER, p->ids.kv, 0};
