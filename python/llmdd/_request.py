@@ -133,7 +133,9 @@ class Request:
             pass
 
     def __await__(self):
-        while self._final is None:
+        # An ended request (also one whose instance is finalized) needs no
+        # loop; otherwise watch() registers, then tests again.
+        while self._final is None and self._wait_raw(0) == _WAIT:
             cq = self._instance._completions()
             fut = cq.watch(self)
             if fut is None:
@@ -143,8 +145,6 @@ class Request:
             finally:
                 if not fut.done() or fut.cancelled():
                     cq.forget(self._key, fut)
-            if self._wait_raw(0) != _WAIT:
-                break
         return self.wait(0)
 
 

@@ -190,9 +190,14 @@ def test_asyncio_reads_the_completion_fd(peer):
         extra = set()
 
         async def many():
-            reqs = [dd.pull_cache_async((1, peer.ids["A"], b), c, b) for b in range(8)]
+            # One surely in flight when awaited: a layer-wise push whose
+            # layers are marked later, from the loop.
+            lw = dd.push_cache_async(c, (1, peer.ids["C"], 0), layerwise=True)
+            asyncio.get_running_loop().call_later(
+                0.02, lambda: [lw.layer_ready(layer) for layer in range(2)])
+            reqs = [lw] + [dd.pull_cache_async((1, peer.ids["A"], b), c, b) for b in range(8)]
             reqs += [dd.pull_blocks_async((1, peer.ids["A"]), c, [b], [b]) for b in range(8)]
-            assert await asyncio.gather(*reqs) == [None] * 16
+            assert await asyncio.gather(*reqs) == [None] * 17
             assert {t.name for t in threading.enumerate()} <= names | extra
             fd = dd._cq._loops[asyncio.get_running_loop()]
             assert fd == llmdd._lib.llmdd_completion_fd(dd._dd)
