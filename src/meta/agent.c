@@ -48,7 +48,8 @@ struct llmdd__meta {
     bool lost;      /* our entry was deleted under a live lease */
 
     /* The thread's own. */
-    int64_t watch_rev; /* the next revision to watch from */
+    int64_t watch_rev;  /* the next revision to watch from */
+    bool watch_restart; /* the server cancelled the watch: start it anew */
     char *line;        /* a watch message being received */
     size_t line_len, line_cap; /* grows up to LLMDD_META_BODY_MAX */
     bool line_over;
@@ -217,7 +218,10 @@ keepalive(llmdd__meta *m)
         llmdd__meta_entry e = m->entry;
         char key[sizeof(m->key)];
         memcpy(key, m->key, sizeof(key));
-        llmdd_status st = do_publish(m, key, &e, now + ttl_ms);
+        /* Bounded by the retry step, not the TTL: op_lock is held, and
+         * unpublish (set_role, finalize) waits for it. A failure tries
+         * again at the next step. */
+        llmdd_status st = do_publish(m, key, &e, llmdd__now_ms() + retry);
         if (st == LLM_PARAM_INVALID) {
             pthread_mutex_lock(&m->lock);
             m->published = false;
@@ -267,6 +271,7 @@ watch_event(llmdd__meta *m, const cJSON *ev)
     /* The departed instance, from the value it had. */
     llmdd__meta_entry e;
     uint64_t nonce = 0;
+    int64_t lease = 0;
     const cJSON *prev = cJSON_GetObjectItemCaseSensitive(ev, "prev_kv");
     long vlen = prev != NULL
                     ? llmdd__etcd_kv_bytes(prev, "value", val, sizeof(val))
@@ -275,11 +280,15 @@ watch_event(llmdd__meta *m, const cJSON *ev)
         llmdd__meta_entry_decode(val, (size_t)vlen, &e) == LLM_SUCCESS &&
         e.cluster_id == id)
         nonce = e.nonce;
-    /* Ours, deleted by someone else (an operator's delete): publish it
-     * again at once, under a new lease. */
+    if (prev != NULL && !llmdd__etcd_i64(prev, "lease", 0, &lease))
+        lease = 0;
+    /* Ours, deleted by someone else (an operator's delete) under the lease
+     * we hold now: publish it again at once, under a new lease. The delete
+     * of an entry we gave up ourselves (set_role's unpublish, a lost
+     * lease) names an older lease and is not ours any more. */
     pthread_mutex_lock(&m->lock);
     bool ours = m->published && m->entry.cluster_id == id &&
-                m->entry.nonce == nonce;
+                m->entry.nonce == nonce && lease == m->lease_id;
     if (ours) {
         m->lost = true;
         m->ka_due = 0;
@@ -318,6 +327,8 @@ watch_message(llmdd__meta *m, const char *s, size_t len)
                      crev);
             m->watch_rev = crev;
         }
+        /* The stream stays open with no watch on it: start another. */
+        m->watch_restart = true;
         goto out;
     }
     cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(r, "events"))
@@ -465,11 +476,16 @@ meta_main(void *arg)
         curl_multi_perform(multi, &running);
         CURLMsg *msg;
         int left;
+        bool ended = m->watch_restart;
+        m->watch_restart = false;
         while ((msg = curl_multi_info_read(multi, &left)) != NULL) {
             if (msg->msg != CURLMSG_DONE || msg->easy_handle != watch)
                 continue;
             log_info("metadata: the watch ended (%s); watching again",
                      curl_easy_strerror(msg->data.result));
+            ended = true;
+        }
+        if (ended && watch != NULL) {
             curl_multi_remove_handle(multi, watch);
             curl_easy_cleanup(watch);
             free(watch_body);
@@ -637,6 +653,10 @@ llmdd__meta_list(const char *server, const char *prefix, int64_t deadline_ms,
         return etcd_status(rc);
     cJSON *arr = cJSON_CreateArray();
     const cJSON *kv;
+    if (arr == NULL) {
+        cJSON_Delete(j);
+        return LLM_OUT_OF_MEMORY;
+    }
     cJSON_ArrayForEach(kv, cJSON_GetObjectItemCaseSensitive(j, "kvs"))
     {
         llmdd__meta_entry ent;

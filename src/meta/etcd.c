@@ -226,8 +226,13 @@ llmdd__etcd_grant(llmdd__etcd *c, int64_t ttl_s, int64_t deadline_ms,
     if (rc != ETCD_OK)
         return rc;
     if (!llmdd__etcd_i64(j, "ID", 0, id) || *id == 0 ||
-        !llmdd__etcd_i64(j, "TTL", 0, ttl_out) || *ttl_out <= 0) {
-        log_error("metadata server: a lease grant without ID or TTL");
+        !llmdd__etcd_i64(j, "TTL", 0, ttl_out) || *ttl_out <= 0 ||
+        *ttl_out > (int64_t)(LLMDD_META_LEASE_MAX_MS / 1000)) {
+        /* A TTL past the longest we ask for is a server's claim we do not
+         * take: ttl * 1000 and its thirds must stay in range. */
+        log_error("metadata server: a lease grant without ID or a TTL in "
+                  "1..%u s",
+                  LLMDD_META_LEASE_MAX_MS / 1000);
         rc = ETCD_BAD;
     }
     cJSON_Delete(j);
