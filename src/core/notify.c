@@ -161,6 +161,8 @@ notify_received(llmdd__link *link, const uint8_t *msg, size_t len)
     a->queued++;
     a->refs++;
     e->acct = a;
+    /* Counted before it can be taken: whoever took it sees the count. */
+    llmdd__metrics_notify(dd, false);
     if (n->tail != NULL)
         n->tail->next = e;
     else
@@ -171,7 +173,6 @@ notify_received(llmdd__link *link, const uint8_t *msg, size_t len)
         (void)!write(n->efd, &one, sizeof(one));
     }
     pthread_mutex_unlock(&n->lock);
-    llmdd__metrics_notify(dd, false);
     return true;
 }
 

@@ -242,6 +242,7 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
     q = calloc(1, sizeof(*q));
     if (q == NULL)
         goto err_plan;
+    llmdd__cancel_init(&q->cancel); /* err_req finishes it */
     legs = plan_legs(p, &nlegs, &ngroups);
     q->group_left = calloc(ngroups, sizeof(*q->group_left));
     q->lqs = calloc(nlegs, sizeof(*q->lqs));
@@ -254,7 +255,6 @@ llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
     q->wait_ms = llmdd__wait_ms(dd);
     q->layers_left = nlegs;
     q->refs = 1;
-    llmdd__cancel_init(&q->cancel);
     if (layerwise) {
         q->tnpl = p->tnpl;
         q->nlayers = legs[0].x.count / p->tnpl;

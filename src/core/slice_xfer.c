@@ -169,13 +169,14 @@ range_width(const llmdd_layer_range *r)
     return r->first < 0 ? -1 : (int64_t)r->second - r->first + 1;
 }
 
-/* Whether a table names one block twice (all its entries). */
-static bool
+/* Whether a table names one block twice (all its entries): 0 or 1, -1
+ * without memory for the sorted copy. */
+static int
 table_repeats(const llmdd_block_table *t)
 {
     llmdd_block_table all = {t->blocks, t->num_blocks, 0};
-    return t->num_blocks > 1 &&
-           llmdd__table_repeats(&all, 1, 0, t->num_blocks) != 0;
+    return t->num_blocks > 1 ? llmdd__table_repeats(&all, 1, 0, t->num_blocks)
+                             : 0;
 }
 
 /* A refusal, logged with its cause (the status is the caller's). */
@@ -235,7 +236,12 @@ check_args(llmdd *dd, const sargs *a)
         if (moves && (s->src.num_blocks == 0 || s->dst.num_blocks == 0))
             REFUSE(LLM_PARAM_INVALID,
                    "%s: slice %zu moves tokens with an empty table", what(a), i);
-        if (table_repeats(&s->dst))
+        int rep = table_repeats(&s->dst);
+        if (rep < 0)
+            REFUSE(LLM_OUT_OF_MEMORY,
+                   "%s: slice %zu: no memory to check the destination table",
+                   what(a), i);
+        if (rep > 0)
             REFUSE(LLM_PARAM_INVALID,
                    "%s: slice %zu: the destination table names a block twice",
                    what(a), i);
@@ -407,27 +413,33 @@ check_overlap(const sargs *a, const llmdd_kv_layout *dl_local,
     return st;
 }
 
-/* The remote side of every slice, once every link and remote cache is
- * known: layouts, tables, heads, ranges, then overlaps. */
+/* Slice i's remote cache against ours, as soon as its layout is known (so
+ * that every kind of incompatibility of a slice comes before anything of a
+ * later slice's remote cache). */
+static llmdd_status
+check_compatible(const sargs *a, const llmdd__cache *lc, const sstate *ss,
+                 const llmdd_kv_layout *rl, size_t i)
+{
+    if (!llmdd__layout_compatible(&lc->layout, rl) ||
+        lc->desc.data_type != ss[i].rc->desc.data_type)
+        REFUSE(LLM_CACHE_INCOMPATIBLE,
+               "%s: slice %zu: cache %lld of cluster %llu is not compatible "
+               "(total heads %u/%u, head bytes %u/%u, parts %u/%u, data "
+               "type %d/%d, or both tags set and different)",
+               what(a), i, (long long)ss[i].rc->id,
+               (unsigned long long)a->remotes[i].cluster_id,
+               lc->layout.total_heads, rl->total_heads, lc->layout.head_bytes,
+               rl->head_bytes, lc->layout.num_parts, rl->num_parts,
+               (int)lc->desc.data_type, (int)ss[i].rc->desc.data_type);
+    return LLM_SUCCESS;
+}
+
+/* The remote side of every slice, once every link, remote cache and layout
+ * is known and compatible: tables, heads, ranges, then overlaps. */
 static llmdd_status
 check_remote(const sargs *a, const llmdd__cache *lc, sstate *ss,
              const llmdd_kv_layout *rls)
 {
-    for (size_t i = 0; i < a->n; i++) {
-        const llmdd_kv_layout *rl = &rls[i];
-        if (!llmdd__layout_compatible(&lc->layout, rl) ||
-            lc->desc.data_type != ss[i].rc->desc.data_type)
-            REFUSE(LLM_CACHE_INCOMPATIBLE,
-                   "%s: slice %zu: cache %lld of cluster %llu is not compatible "
-                   "(total heads %u/%u, head bytes %u/%u, parts %u/%u, data "
-                   "type %d/%d, or both tags set and different)",
-                   what(a), i, (long long)ss[i].rc->id,
-                   (unsigned long long)a->remotes[i].cluster_id,
-                   lc->layout.total_heads, rl->total_heads,
-                   lc->layout.head_bytes, rl->head_bytes, lc->layout.num_parts,
-                   rl->num_parts, (int)lc->desc.data_type,
-                   (int)ss[i].rc->desc.data_type);
-    }
     const llmdd_kv_layout **dls = calloc(a->n, sizeof(*dls));
     if (dls == NULL)
         return LLM_OUT_OF_MEMORY;
@@ -582,6 +594,9 @@ slices_run(llmdd *dd, const sargs *a, uint64_t t0, bool *submitted,
                                 &ss[i].rc);
         if (st == LLM_SUCCESS)
             st = remote_layout(ss[i].link, ss[i].rc, deadline, &rls[i]);
+        if (st == LLM_SUCCESS &&
+            (st = check_compatible(a, lc, ss, &rls[i], i)) != LLM_SUCCESS)
+            goto out;
         if (st != LLM_SUCCESS) {
             if (st == LLM_KV_CACHE_NOT_EXIST && ss[i].rc != NULL)
                 llmdd__link_forget(ss[i].link, a->remotes[i].cache_id);

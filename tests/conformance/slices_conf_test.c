@@ -416,6 +416,13 @@ test_check_order(void **state)
     expect(LLM_CACHE_INCOMPATIBLE, &bi, &s, 1, &g_dc, NULL);
     bi = si, bi.cache_id = g_other.cache_id;
     expect(LLM_CACHE_INCOMPATIBLE, &bi, &s, 1, &g_dc, NULL);
+    /* Slice 0's remote cache is incompatible (other head bytes), slice 1's
+     * unknown: slice 0 decides, whatever the kind of its incompatibility. */
+    llmdd_cache_index pair_i[2] = {si, si};
+    llmdd_kv_slice pair[2] = {s, s};
+    pair_i[0].cache_id = g_other.cache_id;
+    pair_i[1].cache_id = 9999;
+    expect(LLM_CACHE_INCOMPATIBLE, pair_i, pair, 2, &g_dc, NULL);
     llmdd_kv_layout got;
     assert_int_equal(llmdd_query_remote_layout(dd, 1, g_sc.cache_id, &got),
                      LLM_SUCCESS);

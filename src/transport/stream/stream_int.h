@@ -51,6 +51,7 @@ struct llmdd__stream {
     struct llmdd__lane *lane_head, *lane_tail; /* lanes waiting for one */
     pthread_t lane_thr[LLMDD__STREAM_CONNS_MAX];
     int nlane_thr, lane_idle;
+    int lane_nqueued; /* lanes in the queue: idle threads not yet awake */
     bool lane_stop;
 };
 

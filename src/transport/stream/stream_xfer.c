@@ -500,6 +500,7 @@ lane_main(void *p)
         if (s->lane_head == NULL)
             break;
         lane *l = s->lane_head;
+        s->lane_nqueued--;
         s->lane_head = l->next;
         if (s->lane_head == NULL)
             s->lane_tail = NULL;
@@ -549,7 +550,11 @@ lane_post(llmdd__stream *s, lane *l)
 {
     pthread_mutex_lock(&s->lane_lock);
     l->state = LANE_INLINE;
-    if (s->lane_idle == 0 && s->nlane_thr < LLMDD__STREAM_CONNS_MAX &&
+    /* An idle thread signalled for an earlier lane counts as idle until it
+     * wakes: a thread is added unless enough idle ones remain for every
+     * lane queued, this one included. */
+    if (s->lane_idle <= s->lane_nqueued &&
+        s->nlane_thr < LLMDD__STREAM_CONNS_MAX &&
         pthread_create(&s->lane_thr[s->nlane_thr], NULL, lane_main, s) == 0)
         s->nlane_thr++;
     if (s->nlane_thr > 0) {
@@ -560,6 +565,7 @@ lane_post(llmdd__stream *s, lane *l)
         else
             s->lane_head = l;
         s->lane_tail = l;
+        s->lane_nqueued++;
         pthread_cond_signal(&s->lane_work);
     }
     pthread_mutex_unlock(&s->lane_lock);
@@ -584,6 +590,7 @@ lane_finish(llmdd__stream *s, lane *l)
         *p = l->next;
         if (s->lane_tail == l)
             s->lane_tail = prev;
+        s->lane_nqueued--;
         l->state = LANE_INLINE;
     }
     while (l->state == LANE_RUNNING)
