@@ -218,7 +218,7 @@ cli_serve(int argc, char **argv)
     rc = CLI_EXIT_FAIL;
 
     /* Library threads inherit this mask, so the signals reach sigwait. */
-    sigset_t sigs;
+    static sigset_t sigs; /* the signal thread reads it until exit */
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
