@@ -206,6 +206,29 @@ typedef struct {
     fleet_samples lat;
 } fleet_target;
 
+/* Ended pushes from the completion queue: each counted for its decoder
+ * and freed. */
+static void
+fleet_collect(fleet_target *t, llmdd_request *const *done, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        for (int i = 0; i < FLEET_N; i++) {
+            if (t[i].req != done[k])
+                continue;
+            llmdd_status st = llmdd_request_wait(done[k], 0);
+            if (st == LLM_SUCCESS) {
+                t[i].ok++;
+                samples_add(&t[i].lat, cli_now_ns() - t[i].t0);
+            } else {
+                t[i].failed++;
+                t[i].last_fail = st;
+            }
+            llmdd_request_free(done[k]);
+            t[i].req = NULL;
+        }
+    }
+}
+
 /*
  * The prompt's pushes for `ms`: to each decoder in `mask` one posted push
  * at a time, every FLEET_PERIOD_MS, collected on the completion queue; the
@@ -260,22 +283,7 @@ fleet_push_run(llmdd *dd, const llmdd_cache *src, fleet_target *t,
         llmdd_request *done[FLEET_N];
         if (llmdd_get_completions(dd, done, FLEET_N, &n) != LLM_SUCCESS)
             continue;
-        for (size_t k = 0; k < n; k++) {
-            for (int i = 0; i < FLEET_N; i++) {
-                if (t[i].req != done[k])
-                    continue;
-                llmdd_status st = llmdd_request_wait(done[k], 0);
-                if (st == LLM_SUCCESS) {
-                    t[i].ok++;
-                    samples_add(&t[i].lat, cli_now_ns() - t[i].t0);
-                } else {
-                    t[i].failed++;
-                    t[i].last_fail = st;
-                }
-                llmdd_request_free(done[k]);
-                t[i].req = NULL;
-            }
-        }
+        fleet_collect(t, done, n);
     }
 }
 
@@ -301,22 +309,7 @@ fleet_push_end(llmdd *dd, fleet_target *t, uint32_t settle, int64_t wait_ms)
         poll(&p, 1, 10);
         if (llmdd_get_completions(dd, done, FLEET_N, &n) != LLM_SUCCESS)
             break;
-        for (size_t k = 0; k < n; k++) {
-            for (int i = 0; i < FLEET_N; i++) {
-                if (t[i].req != done[k])
-                    continue;
-                llmdd_status st = llmdd_request_wait(done[k], 0);
-                if (st == LLM_SUCCESS) {
-                    t[i].ok++;
-                    samples_add(&t[i].lat, cli_now_ns() - t[i].t0);
-                } else {
-                    t[i].failed++;
-                    t[i].last_fail = st;
-                }
-                llmdd_request_free(done[k]);
-                t[i].req = NULL;
-            }
-        }
+        fleet_collect(t, done, n);
     }
     for (int i = 0; i < FLEET_N; i++) {
         if (t[i].req == NULL)
