@@ -242,16 +242,23 @@ info_print_entries(const char *json)
 static int
 info_metadata(const info_cfg *c)
 {
-    size_t len = 0;
+    size_t len = 0, cap = 0;
+    char *buf = NULL;
     llmdd_status st =
         llmdd_metadata_list(c->metadata, c->prefix, 5000, NULL, 0, &len);
-    char *buf = st == LLM_SUCCESS ? malloc(len + 64) : NULL;
 
-    if (st == LLM_SUCCESS && buf == NULL)
-        st = LLM_OUT_OF_MEMORY;
-    if (st == LLM_SUCCESS)
-        st = llmdd_metadata_list(c->metadata, c->prefix, 5000, buf, len + 64,
-                                 &len);
+    /* Entries may arrive between two calls: ask again, with room for
+     * what the last answer needed, until the list fits. */
+    for (int tries = 0; st == LLM_SUCCESS && len >= cap; tries++) {
+        char *more = tries < 8 ? realloc(buf, len + 4096) : NULL;
+        if (more == NULL) {
+            st = LLM_OUT_OF_MEMORY;
+            break;
+        }
+        buf = more;
+        cap = len + 4096;
+        st = llmdd_metadata_list(c->metadata, c->prefix, 5000, buf, cap, &len);
+    }
     if (st != LLM_SUCCESS) {
         cli_err_st(st, "llmdd_metadata_list(%s)", c->metadata);
         free(buf);
