@@ -390,8 +390,13 @@ llmdd__wire_rw_encode(const llmdd__rw_req *m, uint8_t *buf, size_t cap)
     llmdd__put_u32(&w, m->count);
     llmdd__put_u32(&w, m->nruns);
     for (uint32_t i = 0; i < m->nruns; i++) {
+        bool strided = m->cnts != NULL && m->cnts[i] > 1;
         llmdd__put_u64(&w, m->offs[i]);
-        llmdd__put_u64(&w, m->lens[i]);
+        llmdd__put_u64(&w, m->lens[i] | (strided ? LLMDD_WIRE_RUN_STRIDED : 0));
+        if (strided) {
+            llmdd__put_u64(&w, m->cnts[i]);
+            llmdd__put_u64(&w, m->strides[i]);
+        }
     }
     return llmdd__wdone(&w);
 }
@@ -400,7 +405,7 @@ int
 llmdd__wire_rw_decode(const uint8_t *buf, size_t len, llmdd__rw_req *out)
 {
     llmdd__rbuf r = LLMDD__RBUF(buf, len);
-    uint64_t sum = 0;
+    uint64_t sum = 0, bytes;
 
     out->cache_id = (int64_t)llmdd__get_u64(&r);
     out->first = llmdd__get_u32(&r);
@@ -408,13 +413,23 @@ llmdd__wire_rw_decode(const uint8_t *buf, size_t len, llmdd__rw_req *out)
     out->nruns = llmdd__get_u32(&r);
     if (r.err || out->count == 0 || out->nruns == 0 ||
         out->nruns > LLMDD_WIRE_MAX_RUNS ||
-        r.len - r.pos != (size_t)out->nruns * 16)
+        r.len - r.pos < (size_t)out->nruns * 16)
         return -1;
     for (uint32_t i = 0; i < out->nruns; i++) {
         out->offs[i] = llmdd__get_u64(&r);
-        out->lens[i] = llmdd__get_u64(&r);
-        if (out->lens[i] == 0 ||
-            __builtin_add_overflow(sum, out->lens[i], &sum))
+        uint64_t l = llmdd__get_u64(&r);
+        out->lens[i] = l & ~LLMDD_WIRE_RUN_STRIDED;
+        out->cnts[i] = 1;
+        out->strides[i] = 0;
+        if (l & LLMDD_WIRE_RUN_STRIDED) {
+            out->cnts[i] = llmdd__get_u64(&r);
+            out->strides[i] = llmdd__get_u64(&r);
+            if (out->cnts[i] < 2)
+                return -1;
+        }
+        if (r.err || out->lens[i] == 0 ||
+            __builtin_mul_overflow(out->lens[i], out->cnts[i], &bytes) ||
+            __builtin_add_overflow(sum, bytes, &sum))
             return -1;
     }
     if (llmdd__rdone(&r) != 0 ||

@@ -17,8 +17,11 @@
 #define LLMDD__STR(x) LLMDD__XSTR(x)
 #define LLMDD_WIRE_HDR_LEN 12
 #define LLMDD_WIRE_MAX_PAYLOAD (1u << 20)
-/* Runs in one READ or WRITE request: keeps a request under the payload cap. */
+/* Runs in one READ or WRITE request: keeps a request under the payload cap
+ * (a run is 16 bytes, or 32 with a stride). */
 #define LLMDD_WIRE_MAX_RUNS ((LLMDD_WIRE_MAX_PAYLOAD - 64) / 16)
+/* A run's length with this bit set is followed by its count and stride. */
+#define LLMDD_WIRE_RUN_STRIDED (UINT64_C(1) << 63)
 #define LLMDD_WIRE_MAC_LEN 32
 #define LLMDD_WIRE_NONCE_LEN 16
 #define LLMDD_WIRE_NAME_MAX 15
@@ -137,7 +140,11 @@ typedef struct {
     uint8_t token[16];
 } llmdd__result;
 
-/* READ and WRITE requests; runs point into the decoded buffer's copy. */
+/*
+ * READ and WRITE requests. Run i is cnts[i] elements of lens[i] bytes, the
+ * k-th at offs[i] + k * strides[i] in each tensor; the data is the elements
+ * in order, tensor after tensor.
+ */
 typedef struct {
     int64_t cache_id;
     uint32_t first;
@@ -145,7 +152,9 @@ typedef struct {
     uint32_t nruns;
     uint64_t *offs; /* nruns entries, caller-provided */
     uint64_t *lens;
-    uint64_t total; /* count * sum(lens), checked for overflow */
+    uint64_t *cnts;    /* NULL to encode: every run one element */
+    uint64_t *strides; /* meaningful where cnts[i] > 1 */
+    uint64_t total;    /* count * sum(cnts * lens), checked for overflow */
 } llmdd__rw_req;
 
 /* KEY_QUERY: which (cache id, batch index) a key of the peer's names. */
@@ -236,9 +245,11 @@ int llmdd__wire_read_reply_decode(const uint8_t *buf, size_t len,
 size_t llmdd__wire_rw_encode(const llmdd__rw_req *m, uint8_t *buf,
                              size_t cap);
 /*
- * Decodes a request into *out; out->offs and out->lens must have room for
- * LLMDD_WIRE_MAX_RUNS entries. Rejects nruns of 0 or above the cap, count of
- * 0, and a total that overflows.
+ * Decodes a request into *out; out->offs, lens, cnts and strides must have
+ * room for LLMDD_WIRE_MAX_RUNS entries. Rejects nruns of 0 or above the cap,
+ * count of 0, a length of 0, a strided run of fewer than 2 elements, and a
+ * total that overflows. Where the elements lie is checked against the cache
+ * (llmdd__cache_get_span).
  */
 int llmdd__wire_rw_decode(const uint8_t *buf, size_t len, llmdd__rw_req *out);
 

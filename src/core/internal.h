@@ -351,12 +351,14 @@ bool llmdd__cache_removed(llmdd *dd, const llmdd__cache *c);
 void llmdd__cache_put_stale(llmdd *dd, llmdd__cache *c, int pidfd);
 /*
  * The serving side of a remote access: looks up cache `id`, checks that
- * tensors [first, first + count) exist and that every run lies inside a
- * tensor, and takes a reference. offs/lens are nruns pairs.
+ * tensors [first, first + count) exist and that every element of every run
+ * lies inside a tensor, and takes a reference. Run i is cnts[i] elements of
+ * lens[i] bytes from offs[i], strides[i] apart (cnts NULL: one each).
  */
 llmdd_status llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first,
                                    uint32_t count, const uint64_t *offs,
-                                   const uint64_t *lens, size_t nruns,
+                                   const uint64_t *lens, const uint64_t *cnts,
+                                   const uint64_t *strides, size_t nruns,
                                    llmdd__cache **out);
 /* Creates dd->host_pool when configured; dd->lock held. */
 llmdd_status llmdd__pool_setup(llmdd *dd);

@@ -65,6 +65,18 @@ typedef struct {
 } llmdd__run;
 
 /*
+ * A 2-D run (a slice's plan, core/slices.h): `count` elements of `len`
+ * bytes, the k-th from src_off + k * src_stride to dst_off + k * dst_stride.
+ * Its first three fields are an llmdd__run's.
+ */
+typedef struct {
+    uint64_t src_off, dst_off;
+    uint64_t len;                    /* >= 1 */
+    uint64_t count;                  /* >= 1 */
+    uint64_t src_stride, dst_stride; /* meaningful when count > 1 */
+} llmdd__run2;
+
+/*
  * Turns block pairs into byte runs, merging consecutive pairs that are
  * contiguous on both sides. Order is kept, so with duplicate destinations the
  * later pair wins, as it would block by block. runs must hold n entries.

@@ -117,7 +117,7 @@ llmdd__rq_job_run(struct llmdd__reqs *r, job *j)
         q->running++;
     pthread_mutex_unlock(&r->lock);
 
-    if (go && g->x.nruns > 0) {
+    if (go && llmdd__xfer_nruns(&g->x) > 0) {
         llmdd__xfer x =
             j->layer < 0 ? g->x : layer_xfer(q, g, (uint32_t)j->layer);
         x.deadline_ms = j->deadline;
@@ -173,6 +173,7 @@ llmdd__rq_request_destroy(llmdd_request *q)
     llmdd__cancel_fini(&q->cancel);
     for (uint32_t i = 0; i < q->nlegs; i++) {
         free((void *)q->legs[i].x.runs);
+        free((void *)q->legs[i].x.runs2);
         free((void *)q->legs[i].x.local);
     }
     free(q->legs);
@@ -198,6 +199,7 @@ plan_release(llmdd *dd, const llmdd__request_plan *p)
         llmdd__link_remote_put(p->legs[i].link, p->legs[i].rc);
         llmdd__link_put(p->legs[i].link);
         free((void *)p->legs[i].x.runs);
+        free((void *)p->legs[i].x.runs2);
         free((void *)p->legs[i].x.local);
     }
     free(p->legs);

@@ -507,25 +507,29 @@ plan_legs(const sargs *a, const llmdd__cache *lc, const sstate *ss,
     for (size_t i = 0; i < a->n; i++) {
         const llmdd_kv_slice *s = &a->slices[i];
         llmdd__run *runs = NULL;
+        llmdd__plan2 p = {0};
         uint8_t **local = NULL;
         size_t nruns = 0;
         if (ss[i].moves) {
-            llmdd__plan2 p = {0};
             const llmdd_kv_layout *sl = a->write ? &lc->layout : &rls[i];
             const llmdd_kv_layout *dl = a->write ? &rls[i] : &lc->layout;
-            int rc = llmdd__plan_slice(&p, sl, &s->src, dl, &s->dst,
-                                       s->token_begin, s->token_end,
-                                       ss[i].h0, ss[i].h1);
-            if (rc == 0)
-                rc = llmdd__plan2_flatten(&p, &runs, &nruns);
+            int rc =
+                llmdd__plan_slice(&p, sl, &s->src, dl, &s->dst, s->token_begin,
+                                  s->token_end, ss[i].h0, ss[i].h1);
             *bytes += llmdd__plan2_bytes(&p) * ss[i].rspan.count;
-            llmdd__plan2_free(&p);
+            /* A transport that moves 2-D runs gets the plan as it is. */
+            if (rc == 0 && !ss[i].link->ops->strided) {
+                rc = llmdd__plan2_flatten(&p, &runs, &nruns);
+                llmdd__plan2_free(&p);
+            }
             local = malloc(ss[i].lspan.count * sizeof(*local));
             if (rc != 0 || local == NULL) {
                 free(runs);
                 free(local);
+                llmdd__plan2_free(&p);
                 for (size_t k = 0; k < i; k++) {
                     free((void *)legs[k].x.runs);
+                    free((void *)legs[k].x.runs2);
                     free((void *)legs[k].x.local);
                 }
                 return LLM_OUT_OF_MEMORY;
@@ -543,6 +547,8 @@ plan_legs(const sargs *a, const llmdd__cache *lc, const sstate *ss,
                   .local = local,
                   .runs = runs,
                   .nruns = nruns,
+                  .runs2 = p.runs,
+                  .nruns2 = p.n,
                   .deadline_ms = deadline,
                   .local_bytes = lc->tensor_size * lc->desc.num_tensors},
             .group = ss[i].group,

@@ -18,13 +18,6 @@
 
 #include "core/layout.h"
 
-typedef struct {
-    uint64_t src_off, dst_off;
-    uint64_t len;   /* >= 1 */
-    uint64_t count; /* >= 1 */
-    uint64_t src_stride, dst_stride; /* meaningful when count > 1 */
-} llmdd__run2;
-
 /* Byte strides of one layout, by dim (index llmdd_kv_dim; 0 unused). */
 typedef struct {
     uint64_t stride[LLMDD_KV_MAX_DIMS + 1];

@@ -138,6 +138,8 @@ llmdd__xfer_bytes(const llmdd__xfer *x)
 
     for (size_t i = 0; i < x->nruns; i++)
         sum += x->runs[i].len;
+    for (size_t i = 0; x->runs2 != NULL && i < x->nruns2; i++)
+        sum += x->runs2[i].len * x->runs2[i].count;
     return sum * x->count;
 }
 

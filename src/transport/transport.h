@@ -42,12 +42,13 @@ typedef struct llmdd__remote_cache {
 
 /*
  * One planned transfer: `count` tensor pairs (remote tensor remote_first + i
- * with local tensor base local[i]) times `nruns` runs. Runs apply in order,
- * tensor by tensor. A run (core/layout.h, the same as a local copy's) goes
- * from src_off in the side the bytes leave, the remote tensor on a pull and
- * the local one on a push, to dst_off in the other: llmdd__run_remote and
- * llmdd__run_local name them by side. Every offset and length is already
- * checked against both caches.
+ * with local tensor base local[i]) times `nruns` runs, or, for a transport
+ * that says `strided`, possibly `nruns2` 2-D runs instead (a slice's plan;
+ * runs is then NULL). Runs apply in order, tensor by tensor. A run
+ * (core/layout.h, the same as a local copy's) goes from src_off in the side the
+ * bytes leave, the remote tensor on a pull and the local one on a push, to
+ * dst_off in the other: llmdd__run_remote and llmdd__run_local name them by
+ * side. Every offset and length is already checked against both caches.
  */
 typedef struct {
     bool write; /* push: local -> remote; pull otherwise */
@@ -57,6 +58,8 @@ typedef struct {
     uint8_t *const *local;
     const llmdd__run *runs;
     size_t nruns;
+    const llmdd__run2 *runs2;
+    size_t nruns2;
     int64_t deadline_ms; /* CLOCK_MONOTONIC, see llmdd__now_ms() */
     uint64_t local_bytes; /* the local cache's size, all its tensors */
     /* The request's cancellation (NULL: none). The calling thread already
@@ -64,6 +67,23 @@ typedef struct {
      * it (llmdd__cancel_enter) so that a cancel reaches that thread too. */
     llmdd__cancel *cancel;
 } llmdd__xfer;
+
+/* How many runs x has, of either kind. */
+static inline size_t
+llmdd__xfer_nruns(const llmdd__xfer *x)
+{
+    return x->runs2 != NULL ? x->nruns2 : x->nruns;
+}
+
+/* Run i of x as a 2-D run (a plain run is one element). */
+static inline llmdd__run2
+llmdd__xfer_run(const llmdd__xfer *x, size_t i)
+{
+    if (x->runs2 != NULL)
+        return x->runs2[i];
+    return (llmdd__run2){
+        x->runs[i].src_off, x->runs[i].dst_off, x->runs[i].len, 1, 0, 0};
+}
 
 /* A run's offset in the remote tensor. */
 static inline uint64_t
@@ -94,6 +114,9 @@ uint64_t llmdd__xfer_dst_bytes(const llmdd__xfer *x);
  */
 typedef struct llmdd_transport_ops {
     const char *name;
+    /* Whether xfer takes 2-D runs (llmdd__xfer's runs2); the core expands
+     * a slice's plan into plain runs for the others. */
+    bool strided;
 
     /*
      * Whether the transport can carry this link. Called in the handshake,

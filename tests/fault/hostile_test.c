@@ -471,6 +471,29 @@ test_out_of_bounds_requests(void **state)
     assert_true(st != LLM_SUCCESS && total == 0);
     read_good(fd, kv, 1);
 
+    /* Strided READs whose last element ends past the tensor, or whose
+     * count x stride wraps around: refused whole. */
+    uint64_t soff = 0, slen = 64, scnt[2] = {2, 3},
+             sstride[2] = {tsize - 63, UINT64_C(1) << 63};
+    for (int k = 0; k < 2; k++) {
+        llmdd__rw_req sr = {.cache_id = kv,
+                            .first = 0,
+                            .count = 1,
+                            .nruns = 1,
+                            .offs = &soff,
+                            .lens = &slen,
+                            .cnts = &scnt[k],
+                            .strides = &sstride[k]};
+        len = llmdd__wire_rw_encode(&sr, buf, sizeof(buf));
+        assert_int_equal(fu_send_frame(fd, WMSG_READ, buf, len), 0);
+        assert_int_equal(fu_recv_frame(fd, &type, buf, sizeof(buf), &len, 3000),
+                         0);
+        assert_int_equal(llmdd__wire_read_reply_decode(buf, len, &st, &total),
+                         0);
+        assert_true(st != LLM_SUCCESS && total == 0);
+        read_good(fd, kv, 1);
+    }
+
     /* Bad WRITEs: refused, their payload swallowed, no byte written. */
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         if (bad[i].len * bad[i].count > sizeof(buf) ||

@@ -37,7 +37,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     buf = malloc(LLMDD_WIRE_MAX_PAYLOAD);
     sbuf = malloc(LLMDD_WIRE_HDR_LEN + LLMDD_WIRE_MAX_PAYLOAD);
-    offs = malloc(2 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
+    offs = malloc(4 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
     if (buf == NULL || sbuf == NULL || offs == NULL)
         abort();
     return 0;
@@ -66,7 +66,10 @@ static int
 frame(int fd, uint16_t type, size_t len, size_t extra, size_t *cap,
       int64_t deadline)
 {
-    llmdd__rw_req req = {.offs = offs, .lens = offs + LLMDD_WIRE_MAX_RUNS};
+    llmdd__rw_req req = {.offs = offs,
+                         .lens = offs + LLMDD_WIRE_MAX_RUNS,
+                         .cnts = offs + 2 * LLMDD_WIRE_MAX_RUNS,
+                         .strides = offs + 3 * LLMDD_WIRE_MAX_RUNS};
     llmdd__hello_reply rep;
     llmdd_cache_desc desc;
     llmdd__confirm conf;

@@ -14,7 +14,8 @@
 #include "base/wire.h"
 #include "fuzz/fuzz.h"
 
-static uint64_t offs[LLMDD_WIRE_MAX_RUNS], lens[LLMDD_WIRE_MAX_RUNS];
+static uint64_t offs[LLMDD_WIRE_MAX_RUNS], lens[LLMDD_WIRE_MAX_RUNS],
+    cnts[LLMDD_WIRE_MAX_RUNS], strides[LLMDD_WIRE_MAX_RUNS];
 static uint8_t out[LLMDD_WIRE_MAX_PAYLOAD];
 
 /* Re-encoding a decoded message must give back the input exactly. */
@@ -131,7 +132,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     }
     case 9: {
-        llmdd__rw_req r = {.offs = offs, .lens = lens};
+        llmdd__rw_req r = {
+            .offs = offs, .lens = lens, .cnts = cnts, .strides = strides};
         if (llmdd__wire_rw_decode(p, len, &r) != 0)
             return 0;
         FUZZ_CHECK(r.count > 0 && r.nruns > 0 &&
@@ -139,8 +141,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(r.total <= INT64_MAX);
         uint64_t sum = 0;
         for (uint32_t i = 0; i < r.nruns; i++) {
-            FUZZ_CHECK(lens[i] > 0);
-            sum += lens[i];
+            FUZZ_CHECK(lens[i] > 0 && lens[i] < LLMDD_WIRE_RUN_STRIDED &&
+                       cnts[i] > 0);
+            sum += lens[i] * cnts[i];
         }
         FUZZ_CHECK(sum * r.count == r.total);
         same(p, len, llmdd__wire_rw_encode(&r, out, sizeof(out)));

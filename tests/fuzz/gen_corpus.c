@@ -251,23 +251,31 @@ gen_wire_and_stream(void)
         const char *name;
         int64_t id;
         uint32_t first, count;
-        uint64_t off, len;
+        uint64_t off, len, cnt, stride;
     } reqs[] = {
-        {"alloc_slot", 1, 0, 3, 1000, 1000},
-        {"alloc_edge", 1, 2, 1, 3999, 1},
-        {"alloc_past", 1, 1, 2, 3000, 1001},
-        {"reg_all", 2, 0, 2, 0, 24},
-        {"reg_tensor_past", 2, 1, 2, 0, 8},
-        {"unknown_id", 77, 0, 1, 0, 8},
+        {"alloc_slot", 1, 0, 3, 1000, 1000, 1, 0},
+        {"alloc_edge", 1, 2, 1, 3999, 1, 1, 0},
+        {"alloc_past", 1, 1, 2, 3000, 1001, 1, 0},
+        {"reg_all", 2, 0, 2, 0, 24, 1, 0},
+        {"reg_tensor_past", 2, 1, 2, 0, 8, 1, 0},
+        {"unknown_id", 77, 0, 1, 0, 8, 1, 0},
+        {"strided", 1, 0, 3, 0, 100, 10, 400},
+        {"strided_edge", 1, 0, 1, 0, 100, 11, 390},
+        {"strided_past", 1, 0, 1, 0, 100, 11, 400},
+        {"strided_overflow", 1, 0, 1, 8, 8, 3, UINT64_C(1) << 63},
+        {"strided_backwards", 1, 0, 1, 3000, 8, 4, UINT64_MAX - 999},
     };
     for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
-        uint64_t o = reqs[i].off, l = reqs[i].len;
+        uint64_t o = reqs[i].off, l = reqs[i].len, c = reqs[i].cnt,
+                 st = reqs[i].stride;
         llmdd__rw_req q = {.cache_id = reqs[i].id,
                            .first = reqs[i].first,
                            .count = reqs[i].count,
                            .nruns = 1,
                            .offs = &o,
-                           .lens = &l};
+                           .lens = &l,
+                           .cnts = &c,
+                           .strides = &st};
         n = llmdd__wire_rw_encode(&q, p, sizeof(p));
         put("rw", reqs[i].name, p, n);
     }

@@ -696,7 +696,7 @@ test_desc(void **state)
 
 /* ---- READ / WRITE requests ---- */
 
-static uint64_t *rw_offs, *rw_lens;
+static uint64_t *rw_offs, *rw_lens, *rw_cnts, *rw_strides;
 
 static int
 dec_rw(const uint8_t *b, size_t n, void *o)
@@ -704,6 +704,8 @@ dec_rw(const uint8_t *b, size_t n, void *o)
     llmdd__rw_req *r = o;
     r->offs = rw_offs;
     r->lens = rw_lens;
+    r->cnts = rw_cnts;
+    r->strides = rw_strides;
     return llmdd__wire_rw_decode(b, n, r);
 }
 
@@ -713,7 +715,9 @@ rw_setup(void **state)
     (void)state;
     rw_offs = calloc(LLMDD_WIRE_MAX_RUNS + 1, sizeof(uint64_t));
     rw_lens = calloc(LLMDD_WIRE_MAX_RUNS + 1, sizeof(uint64_t));
-    return rw_offs && rw_lens ? 0 : -1;
+    rw_cnts = calloc(LLMDD_WIRE_MAX_RUNS + 1, sizeof(uint64_t));
+    rw_strides = calloc(LLMDD_WIRE_MAX_RUNS + 1, sizeof(uint64_t));
+    return rw_offs && rw_lens && rw_cnts && rw_strides ? 0 : -1;
 }
 
 static int
@@ -722,6 +726,8 @@ rw_teardown(void **state)
     (void)state;
     free(rw_offs);
     free(rw_lens);
+    free(rw_cnts);
+    free(rw_strides);
     return 0;
 }
 
@@ -822,6 +828,64 @@ test_rw_limits(void **state)
     assert_true(out.total == INT64_MAX);
 }
 
+/* Strided runs: 32 bytes each beside 16-byte plain ones, and their limits. */
+static void
+test_rw_strided(void **state)
+{
+    uint64_t offs[] = {0, 64, 8}, lens[] = {16, 256, 4}, cnts[] = {1, 1000, 2},
+             strides[] = {0, 512, UINT64_MAX};
+    llmdd__rw_req m = {.cache_id = 5,
+                       .first = 0,
+                       .count = 2,
+                       .nruns = 3,
+                       .offs = offs,
+                       .lens = lens,
+                       .cnts = cnts,
+                       .strides = strides};
+    llmdd__rw_req out;
+    uint8_t buf[BUF];
+
+    (void)state;
+    size_t n = llmdd__wire_rw_encode(&m, buf, sizeof(buf));
+    assert_int_equal(n, 20 + 16 + 32 + 32);
+    assert_int_equal(rw_decode(buf, n, &out), 0);
+    assert_int_equal(out.nruns, 3);
+    assert_memory_equal(out.offs, offs, sizeof(offs));
+    assert_memory_equal(out.lens, lens, sizeof(lens));
+    assert_memory_equal(out.cnts, cnts, sizeof(cnts));
+    assert_true(out.strides[1] == 512 && out.strides[2] == UINT64_MAX);
+    assert_true(out.total == 2 * (16 + 256000 + 8));
+    assert_strict(buf, n, dec_rw, sizeof(out));
+
+    /* A strided run of fewer than two elements is not canonical. */
+    for (uint64_t c = 0; c < 2; c++) {
+        put64(buf + 20 + 16 + 16, c);
+        assert_int_equal(rw_decode(buf, n, &out), -1);
+    }
+    /* count x len past 64 bits, and a total past INT64_MAX. */
+    uint64_t one_off[] = {0}, big_len[] = {1ull << 40},
+             big_cnt[] = {1ull << 24}, st[] = {0};
+    m = (llmdd__rw_req){.cache_id = 1,
+                        .count = 1,
+                        .nruns = 1,
+                        .offs = one_off,
+                        .lens = big_len,
+                        .cnts = big_cnt,
+                        .strides = st};
+    n = llmdd__wire_rw_encode(&m, buf, sizeof(buf));
+    assert_int_equal(rw_decode(buf, n, &out), -1);
+    big_cnt[0] = 1ull << 22; /* 2^62: fits; twice it does not */
+    n = llmdd__wire_rw_encode(&m, buf, sizeof(buf));
+    assert_int_equal(rw_decode(buf, n, &out), 0);
+    m.count = 2;
+    n = llmdd__wire_rw_encode(&m, buf, sizeof(buf));
+    assert_int_equal(rw_decode(buf, n, &out), -1);
+    /* The flag without the count and stride that must follow. */
+    m.count = 1;
+    n = llmdd__wire_rw_encode(&m, buf, sizeof(buf));
+    assert_int_equal(rw_decode(buf, n - 8, &out), -1);
+}
+
 static void
 test_rw_max_runs(void **state)
 {
@@ -912,6 +976,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_desc),
         cmocka_unit_test(test_rw_roundtrip),
         cmocka_unit_test(test_rw_limits),
+        cmocka_unit_test(test_rw_strided),
         cmocka_unit_test(test_rw_max_runs),
         cmocka_unit_test(test_key_messages),
     };

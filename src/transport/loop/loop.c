@@ -62,8 +62,8 @@ loop_pin(const llmdd__link *link, int64_t id, uint32_t first, uint32_t count,
     llmdd__instances_lock();
     llmdd *peer = llmdd__instance_find(link->peer.nonce);
     if (peer != NULL)
-        st = llmdd__cache_get_span(peer, id, first, count, offs, lens, nruns,
-                                   out);
+        st = llmdd__cache_get_span(peer, id, first, count, offs, lens, NULL,
+                                   NULL, nruns, out);
     llmdd__instances_unlock();
     *peer_out = peer;
     return st;

@@ -103,25 +103,60 @@ recv_wait(llmdd *dd, int fd, struct msghdr *mh, int64_t deadline)
     }
 }
 
-/* ---- Scatter/gather over (tensor, run) segments. ---- */
+/* ---- Scatter/gather over (tensor, run, element) segments. ---- */
+
+/*
+ * Elements shorter than this go through a bounce buffer of STREAM_BOUNCE
+ * bytes, gathered or scattered with memcpy, when at least STREAM_BOUNCE_MIN
+ * bytes of them come in a row: the kernel's cost per iovec entry makes
+ * 256-byte entries move at a third of one large one over loopback, and the
+ * copy through a buffer that stays in cache costs less (BENCHMARKS.md, the
+ * KV layouts section). Larger elements go straight from and to memory.
+ */
+#define STREAM_BOUNCE_ELEM 512u
+#define STREAM_BOUNCE_MIN 2048u
+#define STREAM_BOUNCE (64u << 10)
+
+static inline uint64_t
+seg_cnt(const seg_iter *it, size_t r)
+{
+    return it->cnts != NULL ? it->cnts[r * it->step] : 1;
+}
+
+static inline uint8_t *
+seg_at(const seg_iter *it, uint32_t t, size_t r, uint64_t e)
+{
+    size_t k = r * it->step;
+    uint64_t off = it->offs[k] + (e > 0 ? e * it->strides[k] : 0);
+    return it->bases[t] + off;
+}
+
+/* Steps (t, r, e) to the next element. */
+static inline void
+seg_next(const seg_iter *it, uint32_t *t, size_t *r, uint64_t *e)
+{
+    if (++*e < seg_cnt(it, *r))
+        return;
+    *e = 0;
+    if (++*r == it->nruns) {
+        *r = 0;
+        ++*t;
+    }
+}
 
 static size_t
 seg_fill(const seg_iter *it, struct iovec *iov, size_t max)
 {
     uint32_t t = it->t;
     size_t r = it->r, n = 0;
-    uint64_t done = it->done;
+    uint64_t e = it->e, done = it->done;
 
     while (n < max && t < it->count) {
-        uint64_t off = it->offs[r * it->step], len = it->lens[r * it->step];
-        iov[n].iov_base = it->bases[t] + off + done;
-        iov[n].iov_len = (size_t)(len - done);
+        iov[n].iov_base = seg_at(it, t, r, e) + done;
+        iov[n].iov_len = (size_t)(it->lens[r * it->step] - done);
         n++;
         done = 0;
-        if (++r == it->nruns) {
-            r = 0;
-            t++;
-        }
+        seg_next(it, &t, &r, &e);
     }
     return n;
 }
@@ -137,10 +172,7 @@ seg_advance(seg_iter *it, size_t bytes)
         }
         bytes -= (size_t)left;
         it->done = 0;
-        if (++it->r == it->nruns) {
-            it->r = 0;
-            it->t++;
-        }
+        seg_next(it, &it->t, &it->r, &it->e);
     }
 }
 
@@ -160,11 +192,40 @@ seg_put(seg_iter *it, const uint8_t *src, size_t n)
 }
 
 /*
+ * The bytes of the short elements from it on, up to cap, copied into out
+ * unless it is NULL; it does not move. 0 when they are fewer than
+ * STREAM_BOUNCE_MIN (or the next element is not short).
+ */
+static size_t
+seg_gather(const seg_iter *it, uint8_t *out, size_t cap)
+{
+    uint32_t t = it->t;
+    size_t r = it->r, n = 0;
+    uint64_t e = it->e, done = it->done;
+
+    while (n < cap && t < it->count) {
+        uint64_t len = it->lens[r * it->step];
+        if (len >= STREAM_BOUNCE_ELEM)
+            break;
+        size_t take = (size_t)(len - done);
+        if (take > cap - n)
+            take = cap - n;
+        if (out != NULL)
+            memcpy(out + n, seg_at(it, t, r, e) + done, take);
+        n += take;
+        done = 0;
+        seg_next(it, &t, &r, &e);
+    }
+    return n >= STREAM_BOUNCE_MIN ? n : 0;
+}
+
+/*
  * Moves every segment through fd by the deadline. With stall_ms > 0 (a
  * serving side) it also gives up once the peer moved nothing for stall_ms.
  * A sender may put npre buffers first (a frame that announces the data),
  * consumed in place: header and data then leave in one sendmsg, so that a
  * small transfer is one segment and wakes its receiver once, not twice.
+ * Runs of short elements pass through a bounce buffer (STREAM_BOUNCE_ELEM).
  */
 int
 llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
@@ -173,6 +234,9 @@ llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
 {
     struct iovec iov[STREAM_IOV_MAX];
     int64_t stall = stall_ms > 0 ? llmdd__now_ms() + stall_ms : deadline;
+    uint8_t *bounce = NULL;
+    size_t blen = 0, boff = 0; /* a send's gathered bytes, and those sent */
+    int rc = 0;
 
     for (;;) {
         size_t np = 0;
@@ -181,7 +245,22 @@ llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
                 iov[np++] = pre[i];
         if (np == 0 && it->t >= it->count)
             break;
-        size_t n = np + seg_fill(it, iov + np, STREAM_IOV_MAX - np);
+        size_t n = np, want = boff < blen ? blen - boff : 0;
+        if (want == 0 && it->t < it->count)
+            want = seg_gather(it, NULL, STREAM_BOUNCE);
+        if (want > 0 && bounce == NULL &&
+            (bounce = malloc(STREAM_BOUNCE)) == NULL) {
+            rc = -1;
+            break;
+        }
+        if (want > 0 && send && boff == blen) {
+            blen = seg_gather(it, bounce, STREAM_BOUNCE);
+            boff = 0;
+        }
+        if (want > 0)
+            iov[n++] = (struct iovec){bounce + (send ? boff : 0), want};
+        else
+            n += seg_fill(it, iov + np, STREAM_IOV_MAX - np);
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
         ssize_t k = send ? sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL)
                          : recvmsg(fd, &mh, MSG_DONTWAIT);
@@ -193,22 +272,31 @@ llmdd__stream_seg_io(llmdd *dd, int fd, seg_iter *it, bool send,
                 pre[i].iov_len -= take;
                 left -= take;
             }
-            seg_advance(it, left);
+            if (want > 0 && !send) {
+                seg_put(it, bounce, left);
+            } else {
+                boff += want > 0 ? left : 0;
+                seg_advance(it, left);
+            }
             if (stall_ms > 0)
                 stall = llmdd__now_ms() + stall_ms;
             continue;
         }
-        if (k == 0 && !send)
-            return -1;
+        if (k == 0 && !send) {
+            rc = -1;
+            break;
+        }
         if (k < 0 && errno == EINTR)
             continue;
-        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (llmdd__wait_fd(dd->stop_fd, fd, send ? POLLOUT : POLLIN,
-                           stall < deadline ? stall : deadline) != 1)
-            return -1;
+        if ((k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+            llmdd__wait_fd(dd->stop_fd, fd, send ? POLLOUT : POLLIN,
+                           stall < deadline ? stall : deadline) != 1) {
+            rc = -1;
+            break;
+        }
     }
-    return 0;
+    free(bounce);
+    return rc;
 }
 
 /*
@@ -310,13 +398,20 @@ serve_bounded(const llmdd__cache *c, const llmdd__rw_req *req)
     return req->total / req->count <= c->tensor_size;
 }
 
+/* The decoded runs of one request: LLMDD_WIRE_MAX_RUNS entries each. */
+typedef struct {
+    uint64_t *offs, *lens, *cnts, *strides;
+} serve_runs;
+
 static int
 serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
-         size_t len, const uint8_t *extra, size_t nextra, uint64_t *offs,
-         uint64_t *lens)
+         size_t len, const uint8_t *extra, size_t nextra, const serve_runs *sr)
 {
     llmdd *dd = s->link->dd;
-    llmdd__rw_req req = {.offs = offs, .lens = lens};
+    llmdd__rw_req req = {.offs = sr->offs,
+                         .lens = sr->lens,
+                         .cnts = sr->cnts,
+                         .strides = sr->strides};
     llmdd__cache *c = NULL;
     uint8_t out[16];
     llmdd_status st;
@@ -326,8 +421,8 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
     if (llmdd__wire_rw_decode(buf, len, &req) != 0)
         return -1;
     serve_mark(s, fd, req.cache_id);
-    st = llmdd__cache_get_span(dd, req.cache_id, req.first, req.count, offs,
-                               lens, req.nruns, &c);
+    st = llmdd__cache_get_span(dd, req.cache_id, req.first, req.count, req.offs,
+                               req.lens, req.cnts, req.strides, req.nruns, &c);
     if (st == LLM_SUCCESS && !serve_bounded(c, &req)) {
         log_error("cluster %llu asked for %llu bytes of cache %lld in one "
                   "request, more than its tensors hold; refused",
@@ -341,7 +436,12 @@ serve_rw(llmdd__stream *s, int fd, uint16_t type, const uint8_t *buf,
             rc = -1;
     }
     uint8_t *bases[1];
-    seg_iter it = {.offs = offs, .lens = lens, .step = 1, .nruns = req.nruns};
+    seg_iter it = {.offs = req.offs,
+                   .lens = req.lens,
+                   .cnts = req.cnts,
+                   .strides = req.strides,
+                   .step = 1,
+                   .nruns = req.nruns};
     uint8_t **tb = NULL;
     if (st == LLM_SUCCESS) {
         tb = req.count == 1 ? bases : malloc(req.count * sizeof(*tb));
@@ -454,7 +554,10 @@ serve_conn(llmdd__stream *s, int fd)
 {
     llmdd *dd = s->link->dd;
     uint8_t *buf = malloc(LLMDD_WIRE_HDR_LEN + LLMDD_WIRE_MAX_PAYLOAD);
-    uint64_t *offs = malloc(2 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
+    uint64_t *offs = malloc(4 * LLMDD_WIRE_MAX_RUNS * sizeof(*offs));
+    serve_runs sr = {offs, offs + LLMDD_WIRE_MAX_RUNS,
+                     offs + 2 * LLMDD_WIRE_MAX_RUNS,
+                     offs + 3 * LLMDD_WIRE_MAX_RUNS};
 
     if (buf == NULL || offs == NULL ||
         !llmdd__serve_track(&s->serve, fd, true))
@@ -473,11 +576,9 @@ serve_conn(llmdd__stream *s, int fd)
         if (type == WMSG_QUERY && extra == 0)
             rc = serve_query(dd, fd, body, len);
         else if (type == WMSG_READ && extra == 0)
-            rc = serve_rw(s, fd, type, body, len, NULL, 0, offs,
-                          offs + LLMDD_WIRE_MAX_RUNS);
+            rc = serve_rw(s, fd, type, body, len, NULL, 0, &sr);
         else if (type == WMSG_WRITE)
-            rc = serve_rw(s, fd, type, body, len, body + len, extra, offs,
-                          offs + LLMDD_WIRE_MAX_RUNS);
+            rc = serve_rw(s, fd, type, body, len, body + len, extra, &sr);
         if (rc != 0)
             break;
     }

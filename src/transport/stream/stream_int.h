@@ -55,18 +55,25 @@ struct llmdd__stream {
     bool lane_stop;
 };
 
-/* A position in (tensor, run) segments, for scatter/gather I/O (stream.c). */
+/*
+ * A position in (tensor, run, element) segments, for scatter/gather I/O
+ * (stream.c). Run i is cnts[i * step] elements of lens[i * step] bytes, the
+ * k-th at offs[i * step] + k * strides[i * step] in each tensor.
+ */
 typedef struct {
     uint8_t *const *bases; /* per tensor */
     uint32_t count;
-    const uint64_t *offs; /* run i at offs[i * step] */
+    const uint64_t *offs;
     const uint64_t *lens;
+    const uint64_t *cnts; /* NULL: one element a run */
+    const uint64_t *strides;
     size_t step;
     size_t nruns;
     /* position */
     uint32_t t;
     size_t r;
-    uint64_t done; /* bytes done in the current segment */
+    uint64_t e;    /* element of run r */
+    uint64_t done; /* bytes done in the current element */
 } seg_iter;
 
 /* stream.c (their comments are there) */

@@ -205,25 +205,37 @@ lane_io_status(llmdd__link *link, int64_t deadline, const stripe *sp)
     return io_status(link, deadline);
 }
 
-/* One request of at most LLMDD_WIRE_MAX_RUNS runs. */
+/* Per-request scratch: the request's remote runs, chunk entries each. */
+typedef struct {
+    uint64_t *offs, *lens, *cnts, *strides;
+    llmdd__run2 *runs; /* the request's runs, both sides */
+    uint8_t *buf;      /* the encoded request */
+    size_t cap;
+} chunk_buf;
+
+/* One request of at most LLMDD_WIRE_MAX_RUNS runs: cb->runs[0, nruns). */
 static llmdd_status
-xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
-           const llmdd__run *runs, size_t nruns, uint64_t *offs,
-           uint64_t *lens, uint8_t *buf, size_t cap, bool *conn_ok,
-           const stripe *sp)
+xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x, const chunk_buf *cb,
+           size_t nruns, bool *conn_ok, const stripe *sp)
 {
     llmdd *dd = link->dd;
+    const llmdd__run2 *runs = cb->runs;
     llmdd__rw_req req = {.cache_id = x->remote->id,
                          .first = x->remote_first,
                          .count = x->count,
                          .nruns = (uint32_t)nruns,
-                         .offs = offs,
-                         .lens = lens};
+                         .offs = cb->offs,
+                         .lens = cb->lens,
+                         .cnts = cb->cnts,
+                         .strides = cb->strides};
     seg_iter it = {.bases = x->local,
                    .count = x->count,
                    .offs = x->write ? &runs[0].src_off : &runs[0].dst_off,
                    .lens = &runs[0].len,
-                   .step = sizeof(llmdd__run) / sizeof(uint64_t),
+                   .cnts = &runs[0].count,
+                   .strides =
+                       x->write ? &runs[0].src_stride : &runs[0].dst_stride,
+                   .step = sizeof(llmdd__run2) / sizeof(uint64_t),
                    .nruns = nruns};
     uint64_t total = 0;
     uint32_t status;
@@ -231,16 +243,18 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
 
     *conn_ok = false;
     for (size_t i = 0; i < nruns; i++) {
-        offs[i] = llmdd__run_remote(x, &runs[i]);
-        lens[i] = runs[i].len;
-        total += runs[i].len;
+        cb->offs[i] = x->write ? runs[i].dst_off : runs[i].src_off;
+        cb->lens[i] = runs[i].len;
+        cb->cnts[i] = runs[i].count;
+        cb->strides[i] = x->write ? runs[i].dst_stride : runs[i].src_stride;
+        total += runs[i].len * runs[i].count;
     }
     total *= x->count;
-    len = llmdd__wire_rw_encode(&req, buf, cap);
+    len = llmdd__wire_rw_encode(&req, cb->buf, cb->cap);
     uint8_t hdr[LLMDD_WIRE_HDR_LEN];
     llmdd__wire_frame_encode(hdr, x->write ? WMSG_WRITE : WMSG_READ,
                              (uint32_t)len);
-    struct iovec pre[2] = {{hdr, sizeof(hdr)}, {buf, len}};
+    struct iovec pre[2] = {{hdr, sizeof(hdr)}, {cb->buf, len}};
     seg_iter none = {.count = 0};
     if (llmdd__stream_seg_io(dd, fd, &none, true, x->deadline_ms, 0, pre,
                              2) != 0)
@@ -296,70 +310,95 @@ xfer_chunk(llmdd__link *link, int fd, const llmdd__xfer *x,
 }
 
 /*
- * How many runs from `first` on go in one request: at most max, and at most
- * one remote tensor's worth of bytes (the serving side's bound). Only a plan
- * with repeated blocks needs more than one request for that; each run lies
- * inside the tensor, so every request gets at least one.
- */
-static size_t
-chunk_runs(const llmdd__xfer *x, size_t first, size_t max)
-{
-    uint64_t sum = 0;
-    size_t n = 0;
-
-    while (first + n < x->nruns && n < max &&
-           (n == 0 || x->runs[first + n].len <= x->remote->tensor_size - sum)) {
-        sum += x->runs[first + n].len;
-        n++;
-    }
-    return n;
-}
-
-/*
- * Moves a whole plan over fd, request after request. *ok: the connection's
- * stream is still in step (it may go back to the pool).
+ * Moves a whole plan over fd, request after request: each request takes at
+ * most LLMDD_WIRE_MAX_RUNS runs and at most one remote tensor's worth of
+ * bytes (the serving side's bound), cutting a 2-D run between elements
+ * where it must. Only a plan that reads one place twice needs more than one
+ * request for the bound; every element lies inside the tensor, so each
+ * request gets at least one. *ok: the connection's stream is still in step
+ * (it may go back to the pool).
  */
 static llmdd_status
 xfer_plan(llmdd__link *link, int fd, const llmdd__xfer *x, bool *ok,
           const stripe *sp)
 {
-    size_t chunk = x->nruns < LLMDD_WIRE_MAX_RUNS ? x->nruns
-                                                   : LLMDD_WIRE_MAX_RUNS;
-    size_t cap = 32 + chunk * 16;
-    uint64_t *offs = malloc(2 * chunk * sizeof(*offs));
-    uint8_t *buf = malloc(cap);
+    size_t nruns = llmdd__xfer_nruns(x);
+    size_t chunk = nruns < LLMDD_WIRE_MAX_RUNS ? nruns : LLMDD_WIRE_MAX_RUNS;
+    size_t room_enc = LLMDD_WIRE_MAX_PAYLOAD - 64; /* for the runs */
+    chunk_buf cb = {.cap =
+                        32 + (chunk * 32 < room_enc ? chunk * 32 : room_enc)};
+    uint64_t *arr = malloc(4 * chunk * sizeof(*arr));
     llmdd_status st = LLM_OUT_OF_MEMORY;
 
+    cb.runs = malloc(chunk * sizeof(*cb.runs));
+    cb.buf = malloc(cb.cap);
     *ok = true;
-    if (offs == NULL || buf == NULL)
+    if (arr == NULL || cb.runs == NULL || cb.buf == NULL)
         goto out;
+    cb.offs = arr;
+    cb.lens = arr + chunk;
+    cb.cnts = arr + 2 * chunk;
+    cb.strides = arr + 3 * chunk;
     st = LLM_SUCCESS;
-    for (size_t i = 0, n; i < x->nruns && st == LLM_SUCCESS && *ok; i += n) {
-        n = chunk_runs(x, i, chunk);
-        st = xfer_chunk(link, fd, x, x->runs + i, n, offs, offs + chunk, buf,
-                        cap, ok, sp);
+    size_t i = 0;
+    uint64_t e = 0; /* the next element of run i */
+    while (i < nruns && st == LLM_SUCCESS && *ok) {
+        size_t n = 0, enc = 0;
+        uint64_t room = x->remote->tensor_size;
+        while (i < nruns && n < chunk) {
+            llmdd__run2 r = llmdd__xfer_run(x, i);
+            uint64_t k = r.count - e, fit = room / r.len;
+            size_t size = k > 1 ? 32 : 16; /* its encoding */
+            if (fit == 0 || enc + size > room_enc)
+                break;
+            enc += size;
+            if (k > fit)
+                k = fit;
+            r.src_off += e * r.src_stride;
+            r.dst_off += e * r.dst_stride;
+            r.count = k;
+            cb.runs[n++] = r;
+            room -= k * r.len;
+            e += k;
+            if (e < llmdd__xfer_run(x, i).count)
+                break; /* the bound: the rest in the next request */
+            e = 0;
+            i++;
+        }
+        if (n == 0) { /* an element longer than the tensor: not planned */
+            st = LLM_FAILED;
+            break;
+        }
+        st = xfer_chunk(link, fd, x, &cb, n, ok, sp);
     }
 out:
-    free(buf);
-    free(offs);
+    free(cb.buf);
+    free(cb.runs);
+    free(arr);
     return st;
 }
 
 /* ---- Striping. ---- */
 
 /*
- * Whether the plan's destination runs are in ascending order without
- * overlap in every tensor. Lanes run at once, so a plan that writes one
- * place twice (a repeated destination block) would no longer end with the
- * last write: such a plan is not striped.
+ * Whether the plan writes no place twice. Lanes run at once, so a plan that
+ * does (a repeated destination block) would no longer end with the last
+ * write: such a plan is not striped. A slice's 2-D plan never does (its
+ * destination table may not repeat a block, core/slice_xfer.c); a plain one
+ * qualifies when its destination runs are in ascending order.
  */
 static bool
 stripe_ordered(const llmdd__xfer *x)
 {
-    for (size_t i = 1; i < x->nruns; i++) {
-        const llmdd__run *p = &x->runs[i - 1], *r = &x->runs[i];
-        if (r->dst_off < p->dst_off + p->len)
+    uint64_t end = 0;
+
+    if (x->runs2 != NULL)
+        return true;
+    for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
+        llmdd__run2 r = llmdd__xfer_run(x, i);
+        if (r.dst_off < end || (r.count > 1 && r.dst_stride < r.len))
             return false;
+        end = r.dst_off + (r.count - 1) * r.dst_stride + r.len;
     }
     return true;
 }
@@ -412,7 +451,7 @@ typedef struct llmdd__lane {
     const llmdd__xfer *x;
     uint64_t per;        /* bytes per tensor in the plan */
     uint64_t lo, hi;     /* this lane's bytes, in plan order */
-    llmdd__run *tmp;    /* x->nruns entries for a part of one tensor */
+    llmdd__run2 *tmp;    /* 3 x its runs, for a part of one tensor */
     stripe *sp;
     int fd;
     llmdd__cancel *cancel; /* the caller's, for the lane's thread */
@@ -422,24 +461,51 @@ typedef struct llmdd__lane {
     struct llmdd__lane *next;
 } lane;
 
-/* The runs that cover bytes [a, b) of one tensor's part of x, into out. */
+/* Appends the run of r's elements [e0, e1) to out; returns out's count. */
 static size_t
-runs_slice(const llmdd__xfer *x, uint64_t a, uint64_t b, llmdd__run *out)
+run_elems(llmdd__run2 r, uint64_t e0, uint64_t e1, uint64_t skip, uint64_t len,
+          llmdd__run2 *out, size_t n)
+{
+    if (e0 >= e1 || len == 0)
+        return n;
+    r.src_off += e0 * r.src_stride + skip;
+    r.dst_off += e0 * r.dst_stride + skip;
+    r.count = e1 - e0;
+    r.len = len;
+    out[n] = r;
+    return n + 1;
+}
+
+/*
+ * The runs that cover bytes [a, b) of one tensor's part of x, into out (at
+ * most three per run of x: a part of an element, whole elements, a part).
+ */
+static size_t
+runs_slice(const llmdd__xfer *x, uint64_t a, uint64_t b, llmdd__run2 *out)
 {
     uint64_t pos = 0;
     size_t n = 0;
 
-    for (size_t i = 0; i < x->nruns && pos < b; i++) {
-        const llmdd__run *r = &x->runs[i];
-        uint64_t lo = a > pos ? a : pos;
-        uint64_t hi = b < pos + r->len ? b : pos + r->len;
-        if (lo < hi) {
-            out[n].src_off = r->src_off + (lo - pos);
-            out[n].dst_off = r->dst_off + (lo - pos);
-            out[n].len = hi - lo;
-            n++;
+    for (size_t i = 0; i < llmdd__xfer_nruns(x) && pos < b; i++) {
+        llmdd__run2 r = llmdd__xfer_run(x, i);
+        uint64_t size = r.len * r.count;
+        uint64_t lo = a > pos ? a - pos : 0;
+        uint64_t hi = b < pos + size ? b - pos : size;
+        pos += size;
+        if (lo >= hi)
+            continue;
+        uint64_t e0 = lo / r.len, e1 = hi / r.len; /* whole: [e0', e1) */
+        uint64_t in0 = lo % r.len, in1 = hi % r.len;
+        if (e0 == e1) { /* inside one element */
+            n = run_elems(r, e0, e0 + 1, in0, in1 - in0, out, n);
+            continue;
         }
-        pos += r->len;
+        if (in0 > 0) {
+            n = run_elems(r, e0, e0 + 1, in0, r.len - in0, out, n);
+            e0++;
+        }
+        n = run_elems(r, e0, e1, 0, r.len, out, n);
+        n = run_elems(r, e1, e1 + 1, 0, in1, out, n);
     }
     return n;
 }
@@ -467,8 +533,10 @@ lane_run(lane *l)
         } else {
             uint64_t b = left < l->per - a ? a + left : l->per;
             part.count = 1;
-            part.runs = l->tmp;
-            part.nruns = runs_slice(x, a, b, l->tmp);
+            part.runs = NULL;
+            part.nruns = 0;
+            part.runs2 = l->tmp;
+            part.nruns2 = runs_slice(x, a, b, l->tmp);
             lo += b - a;
         }
         l->st = xfer_plan(l->s->link, l->fd, &part, &l->ok, l->sp);
@@ -609,7 +677,8 @@ stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
            const int *fds, int n)
 {
     lane lanes[LLMDD__STREAM_CONNS_MAX];
-    llmdd__run *tmp = malloc((size_t)n * x->nruns * sizeof(*tmp));
+    size_t per = 3 * llmdd__xfer_nruns(x);
+    llmdd__run2 *tmp = malloc((size_t)n * per * sizeof(*tmp));
     stripe sp = {.nfds = n};
     llmdd_status st = LLM_SUCCESS;
 
@@ -623,16 +692,16 @@ stripe_run(llmdd__stream *s, const llmdd__xfer *x, uint64_t total,
     for (int i = 0; i < n; i++) {
         uint64_t lo = total / (uint64_t)n * (uint64_t)i;
         uint64_t hi = total / (uint64_t)n * (uint64_t)(i + 1);
-        lanes[i] = (lane){.s = s,
-                          .x = x,
-                          .per = total / x->count,
-                          .lo = lo - lo % STREAM_LANE_ALIGN,
-                          .hi = i == n - 1 ? total
-                                           : hi - hi % STREAM_LANE_ALIGN,
-                          .tmp = tmp + (size_t)i * x->nruns,
-                          .sp = &sp,
-                          .fd = fds[i],
-                          .cancel = x->cancel};
+        lanes[i] =
+            (lane){.s = s,
+                   .x = x,
+                   .per = total / x->count,
+                   .lo = lo - lo % STREAM_LANE_ALIGN,
+                   .hi = i == n - 1 ? total : hi - hi % STREAM_LANE_ALIGN,
+                   .tmp = tmp + (size_t)i * per,
+                   .sp = &sp,
+                   .fd = fds[i],
+                   .cancel = x->cancel};
     }
     for (int i = 1; i < n; i++)
         lane_post(s, &lanes[i]);

@@ -113,6 +113,7 @@ tcp_reaches(const llmdd__link *link)
 
 const llmdd_transport_ops llmdd__tcp_ops = {
     .name = "tcp",
+    .strided = true,
     .reaches = tcp_reaches,
     .link_init = tcp_link_init,
     .link_shutdown = tcp_link_shutdown,
