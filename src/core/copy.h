@@ -48,9 +48,13 @@
 #define LLMDD__COPY_NT_SPAN_BATCH (1u << 20)
 /*
  * Runs shorter than this are copied with memcpy even in a streamed batch:
- * partial lines written non-temporally cost a full memory transaction each.
+ * partial lines written non-temporally cost a full memory transaction each,
+ * and short runs spread over the source (a head slice of 256-byte elements)
+ * load too slowly to keep the streamed stores busy: such a slice moved at
+ * 0.20x a contiguous pull with 256-byte runs streamed, 0.28-0.34x with
+ * memcpy (BENCHMARKS.md, KV layouts).
  */
-#define LLMDD__COPY_NT_MIN_RUN 256u
+#define LLMDD__COPY_NT_MIN_RUN 512u
 
 /* Instruction sets for the streamed copy; the best one present is used. */
 enum {

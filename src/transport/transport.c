@@ -1,5 +1,7 @@
 /* The transport registry, in "auto" preference order. */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <llmdd/llmdd.h>
@@ -141,6 +143,52 @@ llmdd__xfer_bytes(const llmdd__xfer *x)
     for (size_t i = 0; x->runs2 != NULL && i < x->nruns2; i++)
         sum += x->runs2[i].len * x->runs2[i].count;
     return sum * x->count;
+}
+
+bool
+llmdd__xfer_fits(const llmdd__xfer *x, uint64_t tensor_size)
+{
+    for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
+        llmdd__run2 r = llmdd__xfer_run(x, i);
+        uint64_t off = x->write ? r.dst_off : r.src_off;
+        uint64_t stride = x->write ? r.dst_stride : r.src_stride, last, end;
+        if (r.count == 0 ||
+            __builtin_mul_overflow(r.count - 1, r.count > 1 ? stride : 0,
+                                   &last) ||
+            __builtin_add_overflow(off, last, &last) ||
+            __builtin_add_overflow(last, r.len, &end) || end > tensor_size)
+            return false;
+    }
+    return true;
+}
+
+int
+llmdd__xfer_plain(const llmdd__xfer *x, llmdd__xfer *out, llmdd__run **tmp)
+{
+    uint64_t n = 0;
+
+    *out = *x;
+    *tmp = NULL;
+    if (x->runs2 == NULL)
+        return 0;
+    for (size_t i = 0; i < x->nruns2; i++)
+        n += x->runs2[i].count;
+    llmdd__run *r = n <= SIZE_MAX / sizeof(*r) ? malloc(n * sizeof(*r)) : NULL;
+    if (r == NULL && n > 0)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < x->nruns2; i++) {
+        const llmdd__run2 *q = &x->runs2[i];
+        for (uint64_t e = 0; e < q->count; e++)
+            r[k++] = (llmdd__run){q->src_off + e * q->src_stride,
+                                  q->dst_off + e * q->dst_stride, q->len};
+    }
+    out->runs = r;
+    out->nruns = k;
+    out->runs2 = NULL;
+    out->nruns2 = 0;
+    *tmp = r;
+    return 0;
 }
 
 uint64_t

@@ -99,6 +99,16 @@ llmdd__run_local(const llmdd__xfer *x, const llmdd__run *r)
     return x->write ? r->src_off : r->dst_off;
 }
 
+/* Whether every element of every run lies inside a remote tensor of
+ * tensor_size bytes (a transport's recheck of what indexes its mapping). */
+bool llmdd__xfer_fits(const llmdd__xfer *x, uint64_t tensor_size);
+
+/*
+ * x with plain runs: x itself, or with runs2 expanded into *tmp (malloc'd;
+ * free it after; NULL when nothing was made). -1 when out of memory.
+ */
+int llmdd__xfer_plain(const llmdd__xfer *x, llmdd__xfer *out, llmdd__run **tmp);
+
 /* The bytes a planned transfer moves: count times the sum of its runs. */
 uint64_t llmdd__xfer_bytes(const llmdd__xfer *x);
 

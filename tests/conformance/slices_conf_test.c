@@ -229,19 +229,41 @@ test_four_sources(void **state)
     assert_int_equal(llmdd_deallocate_cache(dd, dc.cache_id), LLM_SUCCESS);
 }
 
-/* Moves case c (1 tensor a side) pulled or pushed, checks every byte. */
+/*
+ * Moves case c (1 tensor a side) pulled or pushed, checks every byte. With
+ * reg the remote side's cache is registered user memory (shm reaches it by
+ * cross-memory attach, not through a mapping).
+ */
 static void
-move_checked(sc_case *c, bool push)
+move_checked(sc_case *c, bool push, bool reg)
 {
     llmdd *sdd = push ? dd : src[0], *ddd = push ? src[0] : dd;
     llmdd_cache sc, dc;
     llmdd_cache_desc sd = desc_for(&c->sl, c->s_blocks, 1);
     llmdd_cache_desc dsd = desc_for(&c->dl, c->d_blocks, 1);
-    assert_int_equal(llmdd_allocate_cache_layout(sdd, &sd, &c->sl, &sc),
-                     LLM_SUCCESS);
-    assert_int_equal(llmdd_allocate_cache_layout(ddd, &dsd, &c->dl, &dc),
-                     LLM_SUCCESS);
+    uint64_t ss = (uint64_t)sd.shape[0] * (uint64_t)sd.shape[1];
     uint64_t ds = (uint64_t)dsd.shape[0] * (uint64_t)dsd.shape[1];
+    uint8_t *user = NULL;
+    uint64_t addr = 0;
+    if (reg) { /* the remote cache: the source of a pull, else the dest */
+        user = malloc(push ? ds : ss);
+        assert_non_null(user);
+        addr = (uint64_t)(uintptr_t)user;
+        llmdd_cache *rc = push ? &dc : &sc;
+        memset(rc, 0, sizeof(*rc));
+        rc->desc = push ? dsd : sd;
+        rc->tensor_addrs = &addr;
+        assert_int_equal(llmdd_register_kv_cache_layout(
+                             src[0], push ? &dsd : &sd, push ? &c->dl : &c->sl,
+                             &addr, 1, &rc->cache_id),
+                         LLM_SUCCESS);
+    }
+    if (!reg || push)
+        assert_int_equal(llmdd_allocate_cache_layout(sdd, &sd, &c->sl, &sc),
+                         LLM_SUCCESS);
+    if (!reg || !push)
+        assert_int_equal(llmdd_allocate_cache_layout(ddd, &dsd, &c->dl, &dc),
+                         LLM_SUCCESS);
     uint8_t *ref = malloc(ds), *dst = (uint8_t *)(uintptr_t)dc.tensor_addrs[0];
     assert_non_null(ref);
     sc_fill_src(c, 0, (uint8_t *)(uintptr_t)sc.tensor_addrs[0]);
@@ -259,8 +281,15 @@ move_checked(sc_case *c, bool push)
     }
     assert_memory_equal(dst, ref, ds);
     free(ref);
-    assert_int_equal(llmdd_deallocate_cache(sdd, sc.cache_id), LLM_SUCCESS);
-    assert_int_equal(llmdd_deallocate_cache(ddd, dc.cache_id), LLM_SUCCESS);
+    if (reg)
+        assert_int_equal(
+            llmdd_unregister_kv_cache(src[0], push ? dc.cache_id : sc.cache_id),
+            LLM_SUCCESS);
+    if (!reg || push)
+        assert_int_equal(llmdd_deallocate_cache(sdd, sc.cache_id), LLM_SUCCESS);
+    if (!reg || !push)
+        assert_int_equal(llmdd_deallocate_cache(ddd, dc.cache_id), LLM_SUCCESS);
+    free(user);
 }
 
 /*
@@ -269,7 +298,7 @@ move_checked(sc_case *c, bool push)
  * 100-byte elements), of elements short enough for the bounce buffer; and
  * a source table naming one block for every token, so that each request
  * may carry only one source tensor's worth and the 2-D runs are cut
- * between elements.
+ * between elements. Each with allocated and with registered remote memory.
  */
 static void
 test_large(void **state)
@@ -296,8 +325,10 @@ test_large(void **state)
                                .head_begin = 1,
                                .head_end = 3,
                                .ext = LLMDD_KV_EXT_PARAM_DEFAULT};
-    move_checked(&c, false);
-    move_checked(&c, true);
+    move_checked(&c, false, false);
+    move_checked(&c, true, false);
+    move_checked(&c, false, true);
+    move_checked(&c, true, true);
 
     /* One source block (16 tokens, 6,400 bytes) for all 2,048 tokens. */
     enum { REP = 2048 };
@@ -308,7 +339,8 @@ test_large(void **state)
     c.slice.src.num_blocks = REP / SB;
     c.slice.dst.num_blocks = REP / DB;
     c.slice.token_end = REP;
-    move_checked(&c, false);
+    move_checked(&c, false, false);
+    move_checked(&c, false, true);
     free(stab);
     free(dtab);
 }

@@ -104,13 +104,9 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
         st = LLM_KV_CACHE_NOT_EXIST;
     if (st != LLM_SUCCESS)
         return st;
-    for (size_t i = 0; i < x->nruns; i++) {
-        const llmdd__run *r = &x->runs[i];
-        if (r->len > c->tensor_size ||
-            llmdd__run_remote(x, r) > c->tensor_size - r->len) {
-            llmdd__cache_put(peer, c);
-            return LLM_PARAM_INVALID;
-        }
+    if (!llmdd__xfer_fits(x, c->tensor_size)) {
+        llmdd__cache_put(peer, c);
+        return LLM_PARAM_INVALID;
     }
     /* One batch; the engine keeps memmove for runs that overlap (both
      * instances may map the same memory). */
@@ -120,9 +116,11 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
         uint8_t *rbase = (uint8_t *)(uintptr_t)c->addrs[x->remote_first + t];
         uint8_t *src = x->write ? x->local[t] : rbase;
         uint8_t *dst = x->write ? rbase : x->local[t];
-        for (size_t i = 0; i < x->nruns; i++) {
-            const llmdd__run *r = &x->runs[i];
-            llmdd__copy(&b, dst + r->dst_off, src + r->src_off, r->len);
+        for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
+            llmdd__run2 r = llmdd__xfer_run(x, i);
+            for (uint64_t k = 0; k < r.count; k++)
+                llmdd__copy(&b, dst + r.dst_off + k * r.dst_stride,
+                            src + r.src_off + k * r.src_stride, r.len);
         }
     }
     llmdd__copy_end(&b);
@@ -132,6 +130,7 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
 
 const llmdd_transport_ops llmdd__loop_ops = {
     .name = "loop",
+    .strided = true,
     .reaches = loop_reaches,
     .link_init = loop_link_init,
     .link_shutdown = loop_link_shutdown,

@@ -602,6 +602,7 @@ shm_link_fini(llmdd__link *link)
 
 const llmdd_transport_ops llmdd__shm_ops = {
     .name = "shm",
+    .strided = true,
     .reaches = shm_reaches,
     .link_init = shm_link_init,
     .link_shutdown = shm_link_shutdown,

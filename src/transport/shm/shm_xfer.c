@@ -156,19 +156,22 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
         uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
         uint8_t *src = x->write ? x->local[t] : rbase;
         uint8_t *dst = x->write ? rbase : x->local[t];
-        for (size_t i = 0; i < x->nruns; i++) {
-            const llmdd__run *r = &x->runs[i];
-            for (uint64_t off = 0; off < r->len;) {
-                uint64_t n = r->len - off < SHM_COPY_PIECE ? r->len - off
-                                                           : SHM_COPY_PIECE;
-                llmdd__copy(&b, dst + r->dst_off + off, src + r->src_off + off,
-                            n);
-                off += n;
-                if ((since += n) >= SHM_COPY_PIECE) {
-                    since = 0;
-                    if (llmdd__cancelled()) {
-                        llmdd__copy_end(&b);
-                        return false;
+        for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
+            llmdd__run2 r = llmdd__xfer_run(x, i);
+            for (uint64_t k = 0; k < r.count; k++) {
+                uint64_t so = r.src_off + k * r.src_stride;
+                uint64_t dof = r.dst_off + k * r.dst_stride;
+                for (uint64_t off = 0; off < r.len;) {
+                    uint64_t n = r.len - off < SHM_COPY_PIECE ? r.len - off
+                                                              : SHM_COPY_PIECE;
+                    llmdd__copy(&b, dst + dof + off, src + so + off, n);
+                    off += n;
+                    if ((since += n) >= SHM_COPY_PIECE) {
+                        since = 0;
+                        if (llmdd__cancelled()) {
+                            llmdd__copy_end(&b);
+                            return false;
+                        }
                     }
                 }
             }
@@ -352,11 +355,8 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
     if (x->remote_first > e->ntensors || x->count > e->ntensors ||
         x->remote_first + x->count > e->ntensors)
         return LLM_PARAM_INVALID;
-    for (size_t i = 0; i < x->nruns; i++)
-        if (x->runs[i].len > e->tensor_size ||
-            llmdd__run_remote(x, &x->runs[i]) >
-                e->tensor_size - x->runs[i].len)
-            return LLM_PARAM_INVALID;
+    if (!llmdd__xfer_fits(x, e->tensor_size))
+        return LLM_PARAM_INVALID;
     pthread_mutex_lock(&sl->lock);
     if (sl->down)
         st = LLM_NOT_YET_LINK;
@@ -383,7 +383,15 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
          * copy a success. */
         left = llmdd__shm_owner_left(sl);
     } else {
-        rc = shm_cma_xfer(sl, e, x, &err);
+        /* Cross-memory attach takes plain runs. */
+        llmdd__xfer px;
+        llmdd__run *tmp;
+        if (llmdd__xfer_plain(x, &px, &tmp) != 0) {
+            rc = -4;
+        } else {
+            rc = shm_cma_xfer(sl, e, &px, &err);
+            free(tmp);
+        }
         if (rc == 0)
             atomic_fetch_add(&stat_cma, 1);
     }
@@ -397,6 +405,8 @@ llmdd__shm_xfer(llmdd__link *link, const llmdd__xfer *x)
         return LLM_SUCCESS;
     if (rc == -3) /* cancelled: the request's own end, the link stays */
         return LLM_FAILED;
+    if (rc == -4)
+        return LLM_OUT_OF_MEMORY;
     if (rc == -2)
         return llmdd__now_ms() >= x->deadline_ms ? LLM_TIMEOUT
                                                  : LLM_NOT_YET_LINK;
