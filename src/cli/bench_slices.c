@@ -235,6 +235,52 @@ sb_run_row(const sb_ctx *c, const sb_row *row, double *test_median)
     return ok;
 }
 
+/*
+ * The floor a same-host slice meets on this machine: one thread copying the
+ * head rows' elements (every other element of el bytes, as half the heads
+ * of the rows' caches are) with memcpy, between two of the library's own
+ * caches, and one memcpy of the same bytes; best of 5 each, in GB/s, to
+ * read beside the rows' (whose baseline streams its stores).
+ */
+static void
+sb_floor(const sb_ctx *c)
+{
+    llmdd_cache_desc sd = sb_desc(1, 2 * c->bytes), dd = sb_desc(1, c->bytes);
+    llmdd_cache sc, dc;
+    if (llmdd_allocate_cache(c->dec, &sd, &sc) != LLM_SUCCESS)
+        return;
+    if (llmdd_allocate_cache(c->dec, &dd, &dc) != LLM_SUCCESS) {
+        llmdd_deallocate_cache(c->dec, sc.cache_id);
+        return;
+    }
+    uint8_t *s = (uint8_t *)(uintptr_t)sc.tensor_addrs[0];
+    uint8_t *d = (uint8_t *)(uintptr_t)dc.tensor_addrs[0];
+    memset(s, 1, 2 * c->bytes);
+    memset(d, 0, c->bytes);
+    static const size_t el[2] = {4096, 256};
+    double best[3] = {1e9, 1e9, 1e9};
+    for (int r = 0; r < 5; r++) {
+        double t0 = sb_now();
+        memcpy(d, s, c->bytes);
+        double t = sb_now() - t0;
+        best[0] = t < best[0] ? t : best[0];
+        for (int k = 0; k < 2; k++) {
+            t0 = sb_now();
+            for (size_t i = 0; i < c->bytes / el[k]; i++)
+                memcpy(d + i * el[k], s + 2 * i * el[k], el[k]);
+            t = sb_now() - t0;
+            best[k + 1] = t < best[k + 1] ? t : best[k + 1];
+        }
+    }
+    double gb = (double)c->bytes / 1e9;
+    printf("copy floor (one thread, memcpy, this host): contiguous %.2f GB/s, "
+           "every other 4 KiB element %.2f GB/s, every other 256-byte "
+           "element %.2f GB/s\n",
+           gb / best[0], gb / best[1], gb / best[2]);
+    llmdd_deallocate_cache(c->dec, dc.cache_id);
+    llmdd_deallocate_cache(c->dec, sc.cache_id);
+}
+
 /* The planner alone, and the Llama-3-70B plan size. */
 static void
 sb_planner(void)
@@ -361,6 +407,7 @@ bench_slices(const bench_cfg *cfg)
     if (med[4] > 0)
         printf("4-sources vs 1-source (same bytes, same layouts): %.2f\n",
                med[3] / med[4]);
+    sb_floor(&c);
     sb_planner();
     rc = ok ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 out:

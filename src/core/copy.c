@@ -196,6 +196,25 @@ llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len)
 }
 
 void
+llmdd__copy_2d(llmdd__copy_batch *b, uint8_t *dst, size_t dst_stride,
+               const uint8_t *src, size_t src_stride, size_t len, size_t count)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    uintptr_t dend = d + (count - 1) * dst_stride + len;
+    uintptr_t send = s + (count - 1) * src_stride + len;
+
+    if (count > 1 && (!b->stream || len < LLMDD__COPY_NT_MIN_RUN) &&
+        (dend <= s || send <= d)) {
+        copy_flush(b);
+        for (size_t k = 0; k < count; k++)
+            memcpy(dst + k * dst_stride, src + k * src_stride, len);
+        return;
+    }
+    for (size_t k = 0; k < count; k++)
+        llmdd__copy(b, dst + k * dst_stride, src + k * src_stride, len);
+}
+
+void
 llmdd__copy_end(llmdd__copy_batch *b)
 {
     copy_flush(b);

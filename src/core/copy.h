@@ -84,6 +84,14 @@ void llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total,
  * batch writes before its end.
  */
 void llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len);
+/*
+ * `count` elements of len bytes, the k-th from src + k * src_stride to
+ * dst + k * dst_stride, as that many llmdd__copy calls, in order; short
+ * elements that overlap nothing are copied in one tight loop.
+ */
+void llmdd__copy_2d(llmdd__copy_batch *b, uint8_t *dst, size_t dst_stride,
+                    const uint8_t *src, size_t src_stride, size_t len,
+                    size_t count);
 /* Ends the batch: its bytes are visible everywhere once this returns. */
 void llmdd__copy_end(llmdd__copy_batch *b);
 

@@ -242,6 +242,70 @@ test_overlap(void **state)
     free(ref);
 }
 
+/*
+ * 2-D copies: elements short and long, strided on either side, in batches
+ * that stream and that do not, against per-element memmove in order; one
+ * whose extents overlap (elements moved within one buffer), and one that
+ * reads what a held-back streamed run of the batch wrote.
+ */
+static void
+test_copy_2d(void **state)
+{
+    (void)state;
+    const struct {
+        size_t len, count, ss, ds;
+    } cases[] = {{1, 1, 0, 0},        {100, 50, 300, 100},
+                 {256, 64, 512, 256}, {511, 9, 511, 1024},
+                 {512, 9, 1024, 512}, {4096, 5, 8192, 4096},
+                 {64, 40, 64, 64}};
+    const size_t cap = 1u << 16;
+    uint8_t *src = malloc(cap), *dst = guarded(cap), *ref = guarded(cap);
+
+    assert_non_null(src);
+    fill(src, cap, 21);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int stream = 0; stream < 2; stream++) {
+            llmdd__copy_batch b;
+            llmdd__copy_begin(&b, stream ? UINT64_MAX : 0, 0);
+            llmdd__copy_2d(&b, dst + GUARD + 3, cases[i].ds, src + 5,
+                           cases[i].ss, cases[i].len, cases[i].count);
+            llmdd__copy_end(&b);
+            for (size_t k = 0; k < cases[i].count; k++)
+                memmove(ref + GUARD + 3 + k * cases[i].ds,
+                        src + 5 + k * cases[i].ss, cases[i].len);
+            assert_memory_equal(dst, ref, GUARD + cap + GUARD + 64);
+            memset(dst, GUARD_BYTE, GUARD + cap + GUARD + 64);
+            memset(ref, GUARD_BYTE, GUARD + cap + GUARD + 64);
+        }
+    }
+    /* Within one buffer: element k from 100 + 48k to 64 + 32k, in order,
+     * each reading bytes an earlier element may have written. */
+    fill(dst + GUARD, cap, 4);
+    memcpy(ref, dst, GUARD + cap + GUARD + 64);
+    llmdd__copy_batch ob;
+    llmdd__copy_begin(&ob, 0, 0);
+    llmdd__copy_2d(&ob, dst + GUARD + 64, 32, dst + GUARD + 100, 48, 40, 100);
+    llmdd__copy_end(&ob);
+    for (size_t k = 0; k < 100; k++)
+        memmove(ref + GUARD + 64 + 32 * k, ref + GUARD + 100 + 48 * k, 40);
+    assert_memory_equal(dst, ref, GUARD + cap + GUARD + 64);
+    /* A streamed run held back, then short elements reading it. */
+    fill(dst + GUARD, cap, 8);
+    memcpy(ref, dst, GUARD + cap + GUARD + 64);
+    llmdd__copy_begin(&ob, UINT64_MAX, 0);
+    llmdd__copy(&ob, dst + GUARD + 8192, dst + GUARD, 8192);
+    llmdd__copy_2d(&ob, dst + GUARD + 32768, 64, dst + GUARD + 8192, 128, 64,
+                   64);
+    llmdd__copy_end(&ob);
+    memcpy(ref + GUARD + 8192, ref + GUARD, 8192);
+    for (size_t k = 0; k < 64; k++)
+        memcpy(ref + GUARD + 32768 + 64 * k, ref + GUARD + 8192 + 128 * k, 64);
+    assert_memory_equal(dst, ref, GUARD + cap + GUARD + 64);
+    free(src);
+    free(dst);
+    free(ref);
+}
+
 /* Adjacent, not overlapping: streamed like any other pair of ranges. */
 static void
 test_adjacent_streams(void **state)
@@ -275,6 +339,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_batch_thresholds),
         cmocka_unit_test(test_batch_runs),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_adjacent_streams),
     };
     return cmocka_run_group_tests_name("copy_engine", tests, NULL, NULL);

@@ -118,9 +118,8 @@ loop_xfer(llmdd__link *link, const llmdd__xfer *x)
         uint8_t *dst = x->write ? rbase : x->local[t];
         for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
             llmdd__run2 r = llmdd__xfer_run(x, i);
-            for (uint64_t k = 0; k < r.count; k++)
-                llmdd__copy(&b, dst + r.dst_off + k * r.dst_stride,
-                            src + r.src_off + k * r.src_stride, r.len);
+            llmdd__copy_2d(&b, dst + r.dst_off, r.dst_stride, src + r.src_off,
+                           r.src_stride, r.len, r.count);
         }
     }
     llmdd__copy_end(&b);

@@ -158,20 +158,35 @@ shm_copy(const shm_entry *e, const llmdd__xfer *x)
         uint8_t *dst = x->write ? rbase : x->local[t];
         for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
             llmdd__run2 r = llmdd__xfer_run(x, i);
-            for (uint64_t k = 0; k < r.count; k++) {
+            /* Elements a piece at a time: a long one in pieces, short
+             * ones as many as make a piece. */
+            uint64_t per = r.len < SHM_COPY_PIECE ? SHM_COPY_PIECE / r.len : 1;
+            for (uint64_t k = 0; k < r.count;) {
                 uint64_t so = r.src_off + k * r.src_stride;
                 uint64_t dof = r.dst_off + k * r.dst_stride;
-                for (uint64_t off = 0; off < r.len;) {
-                    uint64_t n = r.len - off < SHM_COPY_PIECE ? r.len - off
-                                                              : SHM_COPY_PIECE;
-                    llmdd__copy(&b, dst + dof + off, src + so + off, n);
-                    off += n;
-                    if ((since += n) >= SHM_COPY_PIECE) {
-                        since = 0;
+                uint64_t n = r.count - k < per ? r.count - k : per;
+                if (r.len < SHM_COPY_PIECE) {
+                    llmdd__copy_2d(&b, dst + dof, r.dst_stride, src + so,
+                                   r.src_stride, r.len, n);
+                    since += n * r.len;
+                } else {
+                    for (uint64_t off = 0; off < r.len; off += SHM_COPY_PIECE) {
+                        uint64_t m = r.len - off < SHM_COPY_PIECE
+                                         ? r.len - off
+                                         : SHM_COPY_PIECE;
+                        llmdd__copy(&b, dst + dof + off, src + so + off, m);
                         if (llmdd__cancelled()) {
                             llmdd__copy_end(&b);
                             return false;
                         }
+                    }
+                }
+                k += n;
+                if (since >= SHM_COPY_PIECE) {
+                    since = 0;
+                    if (llmdd__cancelled()) {
+                        llmdd__copy_end(&b);
+                        return false;
                     }
                 }
             }
