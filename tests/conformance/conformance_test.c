@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "harness/fault_util.h"
 #include "harness/harness.h"
 
 #define NT 8
@@ -1201,6 +1203,60 @@ test_large_blocks_both_ways(void **state)
     }
 }
 
+/*
+ * Lane threads end once idle for a while (striped runs only): after a
+ * striped pull the process holds its lane threads; once they have been idle
+ * for LLMDD__STREAM_LANE_IDLE_MS (5 s) it holds at least lanes - 1 fewer,
+ * and the next striped pull starts them again and moves every byte.
+ */
+static void
+test_lane_threads_idle(void **state)
+{
+    (void)state;
+    int lanes = atoi(getenv("LLMDD_TEST_TCP_LANES")); /* main: >= 2 */
+    llmdd_cache_desc d = {.num_tensors = 1,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)16 << 18}};
+    llmdd_cache local;
+    int64_t rid;
+    char reply[64];
+    if (proc_mode) {
+        assert_int_equal(
+            th_proc_cmd(&proc, "alloc-big 16 1 5", reply, sizeof(reply)), 0);
+        rid = atoll(reply + 3);
+    } else {
+        llmdd_cache c;
+        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+        th_fill(&c, 5);
+        rid = c.cache_id;
+    }
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
+    llmdd_cache_index idx = {PEER, rid, 0};
+    uint64_t all[] = {0, 1, 2, 3};
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    long busy = fu_proc_status(getpid(), "Threads");
+    assert_true(busy > 0);
+    assert_true(fu_settles(getpid(), 1 << 20, busy - (lanes - 1),
+                           5000 + 5000 * FU_SLOW));
+    memset((void *)(uintptr_t)local.tensor_addrs[0], 0, (size_t)16 << 20);
+    assert_int_equal(llmdd_pull_kv_blocks(dd, &idx, &local, all, all, 4, NULL),
+                     LLM_SUCCESS);
+    assert_true(fu_proc_status(getpid(), "Threads") > busy - (lanes - 1));
+    assert_int_equal(
+        th_check_buf((const uint8_t *)(uintptr_t)local.tensor_addrs[0],
+                     (uint64_t)16 << 20, 5, 0),
+        -1);
+    assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
+    if (proc_mode) {
+        snprintf(reply, sizeof(reply), "dealloc %lld", (long long)rid);
+        assert_int_equal(th_proc_cmd(&proc, reply, NULL, 0), 0);
+    } else {
+        assert_int_equal(llmdd_deallocate_cache(peer, rid), LLM_SUCCESS);
+    }
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1241,6 +1297,12 @@ main(int argc, char **argv)
         cmocka_unit_test(test_async_dealloc_ends_request),
         cmocka_unit_test(test_large_pull),
         cmocka_unit_test(test_large_blocks_both_ways),
+        /* Last, and only where transfers stripe. */
+        cmocka_unit_test(test_lane_threads_idle),
     };
-    return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);
+    const char *lanes = getenv("LLMDD_TEST_TCP_LANES");
+    size_t n = sizeof(tests) / sizeof(tests[0]);
+    if (lanes == NULL || atoi(lanes) < 2)
+        n--;
+    return _cmocka_run_group_tests(argv[1], tests, n, setup, teardown);
 }

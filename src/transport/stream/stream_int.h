@@ -42,14 +42,17 @@ struct llmdd__stream {
     /*
      * Lane threads (stream_xfer.c): the lanes of a striped transfer other
      * than the caller's run on them. Started as lanes need them, up to
-     * LLMDD__STREAM_CONNS_MAX, and kept until the data plane is freed, so a
-     * striped transfer (a layer of a layer-wise push) starts no thread.
-     * Guarded by lane_lock.
+     * LLMDD__STREAM_CONNS_MAX, and kept while transfers come, so a striped
+     * transfer (a layer of a layer-wise push) starts no thread; one idle
+     * for LLMDD__STREAM_LANE_IDLE_MS ends, and whoever next takes the lock
+     * to start or stop threads joins it (lane_gone). Guarded by lane_lock.
      */
     pthread_mutex_t lane_lock;
     pthread_cond_t lane_work, lane_done;
     struct llmdd__lane *lane_head, *lane_tail; /* lanes waiting for one */
     pthread_t lane_thr[LLMDD__STREAM_CONNS_MAX];
+    pthread_t lane_gone[LLMDD__STREAM_CONNS_MAX]; /* ended, not joined */
+    int nlane_gone;
     int nlane_thr, lane_idle;
     int lane_nqueued; /* lanes in the queue: idle threads not yet awake */
     bool lane_stop;
@@ -92,6 +95,7 @@ int llmdd__stream_recv_reply(llmdd *dd, int fd, struct iovec *rv,
 
 /* stream_xfer.c: puts a requester connection back in the pool. */
 void llmdd__stream_pool_put_idle(llmdd__stream *s, int fd);
+#define LLMDD__STREAM_LANE_IDLE_MS 5000
 /* stream_xfer.c: the lane threads, at the data plane's creation and end
  * (no transfer may be in progress at the end). */
 void llmdd__stream_lanes_init(llmdd__stream *s);

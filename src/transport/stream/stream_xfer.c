@@ -550,8 +550,31 @@ lane_run(lane *l)
 }
 
 /*
+ * s->lane_lock held. Takes the ended lane threads' ids out for the caller
+ * to join once it dropped the lock (they no longer take it): returns how
+ * many it put in out.
+ */
+static int
+lanes_gone_take(llmdd__stream *s, pthread_t *out)
+{
+    int n = s->nlane_gone;
+
+    memcpy(out, s->lane_gone, (size_t)n * sizeof(*out));
+    s->nlane_gone = 0;
+    return n;
+}
+
+static void
+lanes_join(const pthread_t *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+/*
  * A lane thread: runs queued lanes, one at a time, until the data plane is
- * freed. Sleeps on lane_work in between.
+ * freed. Sleeps on lane_work in between; after LLMDD__STREAM_LANE_IDLE_MS
+ * without a lane it ends, so a link that stopped striping holds no thread.
  */
 static void *
 lane_main(void *p)
@@ -560,13 +583,27 @@ lane_main(void *p)
 
     pthread_mutex_lock(&s->lane_lock);
     for (;;) {
-        while (s->lane_head == NULL && !s->lane_stop) {
+        int64_t idle_end = llmdd__now_ms() + LLMDD__STREAM_LANE_IDLE_MS;
+        while (s->lane_head == NULL && !s->lane_stop &&
+               llmdd__now_ms() < idle_end) {
             s->lane_idle++;
-            pthread_cond_wait(&s->lane_work, &s->lane_lock);
+            llmdd__cond_wait_until(&s->lane_work, &s->lane_lock, idle_end);
             s->lane_idle--;
         }
-        if (s->lane_head == NULL)
+        if (s->lane_head == NULL) {
+            if (s->lane_stop)
+                break;
+            /* Idle too long: leave, to be joined by the next start or
+             * the end. */
+            for (int i = 0; i < s->nlane_thr; i++) {
+                if (pthread_equal(s->lane_thr[i], pthread_self())) {
+                    s->lane_gone[s->nlane_gone++] = s->lane_thr[i];
+                    s->lane_thr[i] = s->lane_thr[--s->nlane_thr];
+                    break;
+                }
+            }
             break;
+        }
         lane *l = s->lane_head;
         s->lane_nqueued--;
         s->lane_head = l->next;
@@ -591,19 +628,26 @@ void
 llmdd__stream_lanes_init(llmdd__stream *s)
 {
     pthread_mutex_init(&s->lane_lock, NULL);
-    pthread_cond_init(&s->lane_work, NULL);
+    llmdd__cond_init(&s->lane_work);
     pthread_cond_init(&s->lane_done, NULL);
 }
 
 void
 llmdd__stream_lanes_fini(llmdd__stream *s)
 {
+    pthread_t gone[LLMDD__STREAM_CONNS_MAX];
+
     pthread_mutex_lock(&s->lane_lock);
     s->lane_stop = true;
     pthread_cond_broadcast(&s->lane_work);
     pthread_mutex_unlock(&s->lane_lock);
+    /* No thread starts after lane_stop: the list stays as it is. */
     for (int i = 0; i < s->nlane_thr; i++)
         pthread_join(s->lane_thr[i], NULL);
+    pthread_mutex_lock(&s->lane_lock);
+    int n = lanes_gone_take(s, gone);
+    pthread_mutex_unlock(&s->lane_lock);
+    lanes_join(gone, n);
     pthread_cond_destroy(&s->lane_done);
     pthread_cond_destroy(&s->lane_work);
     pthread_mutex_destroy(&s->lane_lock);
@@ -616,7 +660,10 @@ llmdd__stream_lanes_fini(llmdd__stream *s)
 static void
 lane_post(llmdd__stream *s, lane *l)
 {
+    pthread_t gone[LLMDD__STREAM_CONNS_MAX];
+
     pthread_mutex_lock(&s->lane_lock);
+    int ngone = lanes_gone_take(s, gone);
     l->state = LANE_INLINE;
     /* An idle thread signalled for an earlier lane counts as idle until it
      * wakes: a thread is added unless enough idle ones remain for every
@@ -637,6 +684,7 @@ lane_post(llmdd__stream *s, lane *l)
         pthread_cond_signal(&s->lane_work);
     }
     pthread_mutex_unlock(&s->lane_lock);
+    lanes_join(gone, ngone);
 }
 
 /*
