@@ -54,7 +54,9 @@
 /* A copy through the mapping goes in pieces of this, a cancel seen between
  * them (a few ms each at memory speed). */
 #define SHM_COPY_PIECE (4u << 20)
-#define SHM_CMA_SPLIT_BYTES (16u << 20) /* CMA over two threads from here */
+/* CMA, and copies through a mapping of two tensors or more, over two
+ * threads from here */
+#define SHM_CMA_SPLIT_BYTES (16u << 20)
 #define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
 #define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */
 #define SHM_STALE_S 60    /* a socket file this old has lost its link */
