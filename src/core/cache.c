@@ -467,21 +467,16 @@ llmdd__cache_get_span(llmdd *dd, int64_t id, uint32_t first, uint32_t count,
                       size_t nruns, llmdd__cache **out)
 {
     llmdd__cache *c = llmdd__cache_get(dd, id);
-    uint64_t last, end;
 
     if (c == NULL)
         return LLM_KV_CACHE_NOT_EXIST;
     if (count == 0 || first >= c->desc.num_tensors ||
         count > c->desc.num_tensors - first)
         goto err;
-    for (size_t i = 0; i < nruns; i++) {
-        uint64_t n = cnts != NULL ? cnts[i] : 1;
-        if (n == 0 ||
-            __builtin_mul_overflow(n - 1, n > 1 ? strides[i] : 0, &last) ||
-            __builtin_add_overflow(offs[i], last, &last) ||
-            __builtin_add_overflow(last, lens[i], &end) || end > c->tensor_size)
+    for (size_t i = 0; i < nruns; i++)
+        if (!llmdd__elems_fit(offs[i], lens[i], cnts != NULL ? cnts[i] : 1,
+                              cnts != NULL ? strides[i] : 0, c->tensor_size))
             goto err;
-    }
     *out = c;
     return LLM_SUCCESS;
 err:

@@ -77,6 +77,23 @@ typedef struct {
 } llmdd__run2;
 
 /*
+ * Whether count (>= 1) elements of len bytes, the k-th at off + k * stride,
+ * all lie inside [0, size), with no sum or product overflowing: the check
+ * between a peer's request or a transfer's plan and the memory it names.
+ */
+static inline bool
+llmdd__elems_fit(uint64_t off, uint64_t len, uint64_t count, uint64_t stride,
+                 uint64_t size)
+{
+    uint64_t last, end;
+
+    return count > 0 &&
+           !__builtin_mul_overflow(count - 1, count > 1 ? stride : 0, &last) &&
+           !__builtin_add_overflow(off, last, &last) &&
+           !__builtin_add_overflow(last, len, &end) && end <= size;
+}
+
+/*
  * Turns block pairs into byte runs, merging consecutive pairs that are
  * contiguous on both sides. Order is kept, so with duplicate destinations the
  * later pair wins, as it would block by block. runs must hold n entries.

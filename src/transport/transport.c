@@ -150,13 +150,9 @@ llmdd__xfer_fits(const llmdd__xfer *x, uint64_t tensor_size)
 {
     for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
         llmdd__run2 r = llmdd__xfer_run(x, i);
-        uint64_t off = x->write ? r.dst_off : r.src_off;
-        uint64_t stride = x->write ? r.dst_stride : r.src_stride, last, end;
-        if (r.count == 0 ||
-            __builtin_mul_overflow(r.count - 1, r.count > 1 ? stride : 0,
-                                   &last) ||
-            __builtin_add_overflow(off, last, &last) ||
-            __builtin_add_overflow(last, r.len, &end) || end > tensor_size)
+        if (!llmdd__elems_fit(x->write ? r.dst_off : r.src_off, r.len, r.count,
+                              x->write ? r.dst_stride : r.src_stride,
+                              tensor_size))
             return false;
     }
     return true;

@@ -1100,29 +1100,55 @@ test_async_dealloc_ends_request(void **state)
     verify_all();
 }
 
+/* The desc of the peer helper's "alloc-big MIB TENSORS SEED": 4 slots. */
+static llmdd_cache_desc
+big_desc(uint32_t mib, uint32_t tensors)
+{
+    llmdd_cache_desc d = {.num_tensors = tensors,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)mib << 18}};
+    return d;
+}
+
+/* A big_desc cache in the peer, filled with seed; returns its id. */
+static int64_t
+remote_big_new(uint32_t mib, uint32_t tensors, uint32_t seed)
+{
+    if (proc_mode) {
+        char cmd[64], reply[64];
+        snprintf(cmd, sizeof(cmd), "alloc-big %u %u %u", mib, tensors, seed);
+        assert_int_equal(th_proc_cmd(&proc, cmd, reply, sizeof(reply)), 0);
+        return atoll(reply + 3);
+    }
+    llmdd_cache_desc d = big_desc(mib, tensors);
+    llmdd_cache c;
+    assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
+    th_fill(&c, seed);
+    return c.cache_id;
+}
+
+static void
+remote_big_free(int64_t rid)
+{
+    if (proc_mode) {
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "dealloc %lld", (long long)rid);
+        assert_int_equal(th_proc_cmd(&proc, cmd, NULL, 0), 0);
+    } else {
+        assert_int_equal(llmdd_deallocate_cache(peer, rid), LLM_SUCCESS);
+    }
+}
+
 static void
 test_large_pull(void **state)
 {
     /* 64 MiB in 2 tensors of 32 MiB; one slot is 8 MiB a tensor. */
-    char reply[64];
-    llmdd_cache_desc d = {.num_tensors = 2,
-                          .data_type = LLMDD_DT_UINT8,
-                          .num_dims = 2,
-                          .shape = {4, (int64_t)32 << 18}};
+    llmdd_cache_desc d = big_desc(32, 2);
     llmdd_cache local;
-    int64_t rid;
 
     (void)state;
-    if (proc_mode) {
-        assert_int_equal(
-            th_proc_cmd(&proc, "alloc-big 32 2 5", reply, sizeof(reply)), 0);
-        rid = atoll(reply + 3);
-    } else {
-        llmdd_cache c;
-        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
-        th_fill(&c, 5);
-        rid = c.cache_id;
-    }
+    int64_t rid = remote_big_new(32, 2, 5);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     uint64_t all[] = {0, 1, 2, 3};
     llmdd_cache_index idx = {PEER, rid, 0};
@@ -1134,6 +1160,7 @@ test_large_pull(void **state)
                          (uint64_t)32 << 20, 5, t),
             -1);
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
+    remote_big_free(rid);
 }
 
 /*
@@ -1145,25 +1172,12 @@ static void
 test_large_blocks_both_ways(void **state)
 {
     const uint64_t blk = 8ull << 20;
-    llmdd_cache_desc d = {.num_tensors = 2,
-                          .data_type = LLMDD_DT_UINT8,
-                          .num_dims = 2,
-                          .shape = {4, (int64_t)8 << 20}};
+    llmdd_cache_desc d = big_desc(32, 2);
     uint64_t sb[] = {3, 1, 0, 2}, db[] = {0, 1, 2, 3}, all[] = {0, 1, 2, 3};
     llmdd_cache src, back;
-    int64_t rid;
-    char reply[64];
 
     (void)state;
-    if (proc_mode) {
-        assert_int_equal(
-            th_proc_cmd(&proc, "alloc-big 32 2 0", reply, sizeof(reply)), 0);
-        rid = atoll(reply + 3);
-    } else {
-        llmdd_cache c;
-        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
-        rid = c.cache_id;
-    }
+    int64_t rid = remote_big_new(32, 2, 0);
     local_new(&src, NULL, d, 7);
     local_new(&back, NULL, d, 0);
     llmdd_cache_index idx = {PEER, rid, 0};
@@ -1195,12 +1209,7 @@ test_large_blocks_both_ways(void **state)
     }
     assert_int_equal(llmdd_deallocate_cache(dd, src.cache_id), LLM_SUCCESS);
     assert_int_equal(llmdd_deallocate_cache(dd, back.cache_id), LLM_SUCCESS);
-    if (proc_mode) {
-        snprintf(reply, sizeof(reply), "dealloc %lld", (long long)rid);
-        assert_int_equal(th_proc_cmd(&proc, reply, NULL, 0), 0);
-    } else {
-        assert_int_equal(llmdd_deallocate_cache(peer, rid), LLM_SUCCESS);
-    }
+    remote_big_free(rid);
 }
 
 /*
@@ -1214,23 +1223,9 @@ test_lane_threads_idle(void **state)
 {
     (void)state;
     int lanes = atoi(getenv("LLMDD_TEST_TCP_LANES")); /* main: >= 2 */
-    llmdd_cache_desc d = {.num_tensors = 1,
-                          .data_type = LLMDD_DT_UINT8,
-                          .num_dims = 2,
-                          .shape = {4, (int64_t)16 << 18}};
+    llmdd_cache_desc d = big_desc(16, 1);
     llmdd_cache local;
-    int64_t rid;
-    char reply[64];
-    if (proc_mode) {
-        assert_int_equal(
-            th_proc_cmd(&proc, "alloc-big 16 1 5", reply, sizeof(reply)), 0);
-        rid = atoll(reply + 3);
-    } else {
-        llmdd_cache c;
-        assert_int_equal(llmdd_allocate_cache(peer, &d, &c), LLM_SUCCESS);
-        th_fill(&c, 5);
-        rid = c.cache_id;
-    }
+    int64_t rid = remote_big_new(16, 1, 5);
     assert_int_equal(llmdd_allocate_cache(dd, &d, &local), LLM_SUCCESS);
     llmdd_cache_index idx = {PEER, rid, 0};
     uint64_t all[] = {0, 1, 2, 3};
@@ -1249,12 +1244,7 @@ test_lane_threads_idle(void **state)
                      (uint64_t)16 << 20, 5, 0),
         -1);
     assert_int_equal(llmdd_deallocate_cache(dd, local.cache_id), LLM_SUCCESS);
-    if (proc_mode) {
-        snprintf(reply, sizeof(reply), "dealloc %lld", (long long)rid);
-        assert_int_equal(th_proc_cmd(&proc, reply, NULL, 0), 0);
-    } else {
-        assert_int_equal(llmdd_deallocate_cache(peer, rid), LLM_SUCCESS);
-    }
+    remote_big_free(rid);
 }
 
 int

@@ -347,7 +347,7 @@ xfer_plan(llmdd__link *link, int fd, const llmdd__xfer *x, bool *ok,
         uint64_t room = x->remote->tensor_size;
         while (i < nruns && n < chunk) {
             llmdd__run2 r = llmdd__xfer_run(x, i);
-            uint64_t k = r.count - e, fit = room / r.len;
+            uint64_t left = r.count - e, k = left, fit = room / r.len;
             size_t size = k > 1 ? 32 : 16; /* its encoding */
             if (fit == 0 || enc + size > room_enc)
                 break;
@@ -360,7 +360,7 @@ xfer_plan(llmdd__link *link, int fd, const llmdd__xfer *x, bool *ok,
             cb.runs[n++] = r;
             room -= k * r.len;
             e += k;
-            if (e < llmdd__xfer_run(x, i).count)
+            if (k < left)
                 break; /* the bound: the rest in the next request */
             e = 0;
             i++;
