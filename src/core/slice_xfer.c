@@ -352,10 +352,16 @@ static llmdd_status
 check_overlap(const sargs *a, const llmdd_kv_layout *dl_local,
               const llmdd_kv_layout *const *dls, const sstate *ss)
 {
-    size_t nseg = 0, cap = 0;
+    size_t nseg = 0, cap = 0, moving = 0;
     dst_seg *segs = NULL;
     llmdd_status st = LLM_SUCCESS;
 
+    /* Only two slices can compete (one slice's table names no block
+     * twice: check_args). */
+    for (size_t i = 0; i < a->n; i++)
+        moving += ss[i].moves;
+    if (moving < 2)
+        return LLM_SUCCESS;
     for (size_t i = 0; i < a->n; i++) {
         if (!ss[i].moves)
             continue;

@@ -125,12 +125,38 @@ llmdd__table_repeats(const llmdd_block_table *t, uint32_t block_size,
     uint64_t first = (tb - t->first_token) / block_size;
     uint64_t last = (te - 1 - t->first_token) / block_size;
     size_t n = (size_t)(last - first + 1);
+    const uint64_t *b = t->blocks + first;
     if (n < 2)
         return 0;
+    /* An increasing table (a fresh allocation's, or the bench's) repeats
+     * nothing; say so in one pass. */
+    uint64_t max = b[0];
+    bool rising = true;
+    for (size_t i = 1; i < n; i++) {
+        rising = rising && b[i] > b[i - 1];
+        max = b[i] > max ? b[i] : max;
+    }
+    if (rising)
+        return 0;
+    /* Block ids within 64 per entry: one bit each, no more memory than the
+     * sorted copy would take. A pool-wide permutation is that. */
+    if (max / 64 < n) {
+        uint64_t *bits = calloc((size_t)(max / 64 + 1), sizeof(*bits));
+        if (bits == NULL)
+            return -1;
+        int rep = 0;
+        for (size_t i = 0; i < n && !rep; i++) {
+            uint64_t w = b[i] / 64, m = 1ull << (b[i] % 64);
+            rep = (bits[w] & m) != 0;
+            bits[w] |= m;
+        }
+        free(bits);
+        return rep;
+    }
     uint64_t *c = malloc(n * sizeof(*c));
     if (c == NULL)
         return -1;
-    memcpy(c, t->blocks + first, n * sizeof(*c));
+    memcpy(c, b, n * sizeof(*c));
     qsort(c, n, sizeof(*c), u64_cmp);
     int rep = 0;
     for (size_t i = 1; i < n && !rep; i++)
@@ -198,10 +224,12 @@ typedef struct {
 } box_dim;
 
 /*
- * A box of elements: base offsets, up to 3 dims, elements of len bytes.
- * Dims whose strides equal the element length on both sides fold into it;
- * the widest remaining dim becomes the count of 2-D runs, the others are
- * walked, outer (larger source stride) first.
+ * A box of elements: base offsets, up to 4 dims, elements of len bytes.
+ * Dims whose strides equal the element length on both sides fold into it,
+ * and a dim that steps by a whole inner dim on both sides joins it (whole
+ * blocks in a row after their tokens); the widest remaining dim becomes
+ * the count of 2-D runs, the others are walked, outer (larger source
+ * stride) first.
  */
 static int
 emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
@@ -214,12 +242,21 @@ emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
     nd = k;
     for (bool folded = true; folded;) {
         folded = false;
-        for (int i = 0; i < nd; i++) {
+        for (int i = 0; i < nd && !folded; i++) {
             if (d[i].ss == len && d[i].ds == len) {
                 len *= d[i].n;
                 d[i] = d[--nd];
                 folded = true;
                 break;
+            }
+            for (int j = 0; j < nd; j++) {
+                if (j != i && d[i].ss == d[j].n * d[j].ss &&
+                    d[i].ds == d[j].n * d[j].ds) {
+                    d[j].n *= d[i].n;
+                    d[i] = d[--nd];
+                    folded = true;
+                    break;
+                }
             }
         }
     }
@@ -231,28 +268,24 @@ emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
             c = i;
     box_dim cd = d[c];
     d[c] = d[--nd];
-    if (nd == 2 && d[1].ss > d[0].ss) {
-        box_dim t = d[0];
-        d[0] = d[1];
-        d[1] = t;
-    }
-    uint64_t n0 = nd > 0 ? d[0].n : 1, n1 = nd > 1 ? d[1].n : 1;
-    for (uint64_t a = 0; a < n0; a++) {
-        for (uint64_t b = 0; b < n1; b++) {
-            uint64_t so = sbase, dof = dbase;
-            if (nd > 0) {
-                so += a * d[0].ss;
-                dof += a * d[0].ds;
-            }
-            if (nd > 1) {
-                so += b * d[1].ss;
-                dof += b * d[1].ds;
-            }
-            if (plan_push(p, (llmdd__run2){so, dof, len, cd.n, cd.ss,
-                                           cd.ds}) != 0)
-                return -1;
+    /* The walked dims, outer first; absent ones walk once. */
+    for (int i = 1; i < nd; i++)
+        for (int j = i; j > 0 && d[j].ss > d[j - 1].ss; j--) {
+            box_dim t = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = t;
         }
-    }
+    for (int i = nd; i < 3; i++)
+        d[i] = (box_dim){1, 0, 0};
+    for (uint64_t a = 0; a < d[0].n; a++)
+        for (uint64_t b = 0; b < d[1].n; b++)
+            for (uint64_t e = 0; e < d[2].n; e++) {
+                uint64_t so = sbase + a * d[0].ss + b * d[1].ss + e * d[2].ss;
+                uint64_t dof = dbase + a * d[0].ds + b * d[1].ds + e * d[2].ds;
+                if (plan_push(p, (llmdd__run2){so, dof, len, cd.n, cd.ss,
+                                               cd.ds}) != 0)
+                    return -1;
+            }
     return 0;
 }
 
@@ -280,24 +313,31 @@ llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
             L = sB - ss;
         if (dB - ds < L)
             L = dB - ds;
-        uint64_t sbase = st->blocks[sr / sB] * sg.block +
-                         ss * sg.stride[LLMDD_KV_DIM_TOKEN] +
-                         (uint64_t)(h0 - sl->head_first) *
-                             sg.stride[LLMDD_KV_DIM_HEAD];
-        uint64_t dbase = dt->blocks[dr / dB] * dg.block +
-                         ds * dg.stride[LLMDD_KV_DIM_TOKEN] +
-                         (uint64_t)(h0 - dl->head_first) *
-                             dg.stride[LLMDD_KV_DIM_HEAD];
-        box_dim d[3] = {
+        const uint64_t *sb = st->blocks + sr / sB, *db = dt->blocks + dr / dB;
+        /* Whole blocks of one size, numbered in a row on both sides, make
+         * one box (the tables were checked up to te's block). */
+        uint64_t nb = 1;
+        if (ss == 0 && ds == 0 && L == sB && sB == dB)
+            while (t + (nb + 1) * sB <= te && sb[nb] == sb[0] + nb &&
+                   db[nb] == db[0] + nb)
+                nb++;
+        uint64_t sbase =
+            sb[0] * sg.block + ss * sg.stride[LLMDD_KV_DIM_TOKEN] +
+            (uint64_t)(h0 - sl->head_first) * sg.stride[LLMDD_KV_DIM_HEAD];
+        uint64_t dbase =
+            db[0] * dg.block + ds * dg.stride[LLMDD_KV_DIM_TOKEN] +
+            (uint64_t)(h0 - dl->head_first) * dg.stride[LLMDD_KV_DIM_HEAD];
+        box_dim d[4] = {
             {sl->num_parts, sg.stride[LLMDD_KV_DIM_PART],
              dg.stride[LLMDD_KV_DIM_PART]},
             {h1 - h0, sg.stride[LLMDD_KV_DIM_HEAD],
              dg.stride[LLMDD_KV_DIM_HEAD]},
             {L, sg.stride[LLMDD_KV_DIM_TOKEN], dg.stride[LLMDD_KV_DIM_TOKEN]},
+            {nb, sg.block, dg.block},
         };
-        if (emit_box(p, sbase, dbase, sl->head_bytes, d, 3) != 0)
+        if (emit_box(p, sbase, dbase, sl->head_bytes, d, 4) != 0)
             return -1;
-        t += L;
+        t += L * nb;
     }
     return 0;
 }

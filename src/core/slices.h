@@ -53,8 +53,9 @@ llmdd_status llmdd__table_check(const llmdd_block_table *t,
                                 const llmdd_kv_layout *l, uint64_t num_blocks,
                                 uint64_t tb, uint64_t te);
 
-/* Whether the table uses one block twice for tokens [tb, te). Sorts a copy;
- * -1 when out of memory, else 0 or 1. */
+/* Whether the table uses one block twice for tokens [tb, te): one pass for
+ * an increasing table, a bitmap for ids below 64 per entry, else a sorted
+ * copy; -1 when out of memory, else 0 or 1. */
 int llmdd__table_repeats(const llmdd_block_table *t, uint32_t block_size,
                          uint64_t tb, uint64_t te);
 

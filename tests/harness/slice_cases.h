@@ -2,7 +2,8 @@
  * Random slice cases for the KV layout tests (tests/unit/slices_test.c and
  * the conformance tests over every transport): two layouts (NHD, HND or
  * with a PART dim, block sizes 1..64, 1..16 heads with TP pairs including
- * TP > heads and MLA, head bytes 1..64), permuted block tables with offset
+ * TP > heads and MLA, head bytes 1..64), permuted, rotated or nearly
+ * in-order block tables with offset
  * first tokens, a token range and a head range, and a per-byte reference
  * computed without the library's planner.
  */
@@ -150,10 +151,21 @@ sc_table(sc_rng *r, uint64_t first, uint64_t end, uint32_t B, bool repeat,
         n = 1;
     uint64_t nb = n + sc_below(r, 4);
     uint64_t *perm = malloc(nb * sizeof(*perm));
+    /* Shuffled, rotated (blocks in a row, as a fresh allocation numbers
+     * them: the planner joins whole blocks) or in a row but for a few
+     * swaps. */
+    uint32_t kind = sc_below(r, 3);
+    uint64_t rot = sc_below(r, (uint32_t)nb);
     for (uint64_t i = 0; i < nb; i++)
-        perm[i] = i;
-    for (uint64_t i = nb - 1; i > 0; i--) {
+        perm[i] = kind == 0 ? i : (i + rot) % nb;
+    for (uint64_t i = nb - 1; kind == 0 && i > 0; i--) {
         uint64_t j = sc_next(r) % (i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (uint32_t k = kind == 2 ? 1 + sc_below(r, 3) : 0; k > 0; k--) {
+        uint64_t i = sc_below(r, (uint32_t)nb), j = sc_below(r, (uint32_t)nb);
+        uint64_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
     }
@@ -197,7 +209,9 @@ sc_case_make(sc_rng *r, sc_case *c, uint32_t max_tokens)
     uint32_t hb = 1 + sc_below(r, 64);
     for (int i = 0; i < 2; i++) {
         sc_order(r, ls[i], part);
-        ls[i]->block_size = 1 + sc_below(r, 64);
+        /* One block size on both sides a third of the time. */
+        ls[i]->block_size = i == 1 && sc_below(r, 3) == 0 ? ls[0]->block_size
+                                                          : 1 + sc_below(r, 64);
         ls[i]->total_heads = H;
         sc_tp_heads(H, tps[i], ranks[i], &ls[i]->head_first,
                     &ls[i]->num_heads);

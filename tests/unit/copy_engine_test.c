@@ -254,25 +254,27 @@ test_copy_2d(void **state)
     (void)state;
     const struct {
         size_t len, count, ss, ds;
-    } cases[] = {{1, 1, 0, 0},        {100, 50, 300, 100},
-                 {256, 64, 512, 256}, {511, 9, 511, 1024},
-                 {512, 9, 1024, 512}, {4096, 5, 8192, 4096},
-                 {64, 40, 64, 64}};
+    } cases[] = {
+        {1, 1, 0, 0},        {100, 50, 300, 100},  {256, 64, 512, 256},
+        {511, 9, 511, 1024}, {512, 9, 1024, 512},  {4096, 5, 8192, 4096},
+        {64, 40, 64, 64},    {256, 100, 512, 320}, {128, 33, 200, 128}};
     const size_t cap = 1u << 16;
     uint8_t *src = malloc(cap), *dst = guarded(cap), *ref = guarded(cap);
 
     assert_non_null(src);
     fill(src, cap, 21);
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    /* Destinations off a line and on one (whole-line elements stream). */
+    for (size_t i = 0; i < 2 * sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t c = i / 2, o = i % 2 ? 0 : 3;
         for (int stream = 0; stream < 2; stream++) {
             llmdd__copy_batch b;
             llmdd__copy_begin(&b, stream ? UINT64_MAX : 0, 0);
-            llmdd__copy_2d(&b, dst + GUARD + 3, cases[i].ds, src + 5,
-                           cases[i].ss, cases[i].len, cases[i].count);
+            llmdd__copy_2d(&b, dst + GUARD + o, cases[c].ds, src + 5,
+                           cases[c].ss, cases[c].len, cases[c].count);
             llmdd__copy_end(&b);
-            for (size_t k = 0; k < cases[i].count; k++)
-                memmove(ref + GUARD + 3 + k * cases[i].ds,
-                        src + 5 + k * cases[i].ss, cases[i].len);
+            for (size_t k = 0; k < cases[c].count; k++)
+                memmove(ref + GUARD + o + k * cases[c].ds,
+                        src + 5 + k * cases[c].ss, cases[c].len);
             assert_memory_equal(dst, ref, GUARD + cap + GUARD + 64);
             memset(dst, GUARD_BYTE, GUARD + cap + GUARD + 64);
             memset(ref, GUARD_BYTE, GUARD + cap + GUARD + 64);

@@ -184,6 +184,33 @@ test_property(void **state)
     assert_true(runs > 0);
 }
 
+/* Whether a destination table names a block twice, against a pairwise
+ * reference: increasing tables, ids small enough for the bitmap, and ids
+ * that need the sorted copy, with and without one repeat. */
+static void
+test_table_repeats(void **state)
+{
+    (void)state;
+    sc_rng r = {0x9e3779b97f4a7c15ull};
+    static uint64_t tab[300];
+    for (int i = 0; i < 3000; i++) {
+        uint32_t n = 1 + sc_below(&r, 300), kind = sc_below(&r, 3);
+        for (uint32_t k = 0; k < n; k++)
+            tab[k] = kind == 0   ? 5 + 3ull * k
+                     : kind == 1 ? sc_below(&r, 64 * n)
+                                 : sc_next(&r) >> sc_below(&r, 8);
+        if (sc_below(&r, 2) == 0 && n > 1)
+            tab[sc_below(&r, n)] = tab[sc_below(&r, n)];
+        int want = 0;
+        for (uint32_t a = 0; a < n && !want; a++)
+            for (uint32_t b = a + 1; b < n && !want; b++)
+                want = tab[a] == tab[b];
+        uint32_t B = 1 + sc_below(&r, 4);
+        llmdd_block_table t = {tab, n, 0};
+        assert_int_equal(llmdd__table_repeats(&t, B, 0, (uint64_t)n * B), want);
+    }
+}
+
 /* One order on both sides: the run count follows the blocks, not heads or
  * tokens. HND, 4 of 8 heads from a rank holding 1, contiguous tables. */
 static void
@@ -406,6 +433,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_rules),
         cmocka_unit_test(test_property),
+        cmocka_unit_test(test_table_repeats),
         cmocka_unit_test(test_runs_follow_blocks),
         cmocka_unit_test(test_llama70b_plan),
         cmocka_unit_test(test_blocks_32_to_16),
