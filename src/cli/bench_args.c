@@ -100,6 +100,8 @@ static const char bench_usage[] =
     "the medians, (b)/(a) and (b) / (max(compute, push) + push/layers).\n"
     "      --num-layers N      layers (default 32)\n"
     "      --compute-us N      compute per layer, simulated by sleeping\n"
+    "                          until layer l's end, start + (l + 1) * N,\n"
+    "                          as a GPU computing the layers back to back\n"
     "                          (default: one layer's push, measured)\n"
     "      --iters N           rounds (default: as many as fit in\n"
     "                          --min-time, at least 5)\n"

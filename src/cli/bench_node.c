@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
@@ -425,22 +426,21 @@ out:
 }
 
 /*
- * One layer's simulated compute. A sleep, not a busy loop: on a machine with
- * few cores a spinning thread would take a core from the threads moving the
- * previous layer, which a GPU computing the next layer would not.
+ * Simulated compute: layer l of a pass ends at t0 + (l + 1) * ns, as a GPU
+ * running the layers back to back would end it, whatever the thread that
+ * marks the layers spent in between (a mark late by a few microseconds
+ * does not delay the next layer's compute). A sleep, not a busy loop: on
+ * a machine with few cores a spinning thread would take a core from the
+ * threads moving the previous layer, which a GPU computing the next layer
+ * would not.
  */
 static void
-bench_compute(int64_t ns)
+bench_compute_until(int64_t t0, int64_t ns, uint32_t l)
 {
-    struct timespec ts;
+    int64_t end = t0 + ns * ((int64_t)l + 1);
+    struct timespec ts = {.tv_sec = end / 1000000000,
+                          .tv_nsec = end % 1000000000};
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec += ns % 1000000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }
@@ -466,11 +466,11 @@ bench_push_layered(bench_node *n, const bench_cmd *c,
                                    NULL, &o, &req);
     if (st != LLM_SUCCESS)
         return st;
+    int64_t t0 = cli_now_ns();
     for (uint32_t l = 0; l < c->num_layers; l++) {
         if (compute_ns > 0) {
-            int64_t t = cli_now_ns();
-            bench_compute(compute_ns);
-            comp += cli_now_ns() - t;
+            bench_compute_until(t0, compute_ns, l);
+            comp = cli_now_ns() - t0; /* where the last compute ended */
         }
         getrusage(RUSAGE_THREAD, &ru0);
         int64_t t = cli_now_ns();
@@ -519,6 +519,9 @@ bench_layerwise(bench_node *n, const bench_cmd *c, int out_fd)
         bench_fail(&r, LLM_KV_CACHE_NOT_EXIST, "run before setup");
         goto out;
     }
+    /* Sleeps end within a microsecond of their time, not the default 50
+     * (the simulated compute is what it says). */
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     llmdd_cache_index idx = {2, c->dec_cache[0], 0};
     /* Warm-up: both paths, so the workers and their connections exist. */
     for (uint32_t i = 0; i < c->warmup; i++) {
@@ -562,7 +565,7 @@ bench_layerwise(bench_node *n, const bench_cmd *c, int out_fd)
             t = cli_now_ns();
             if ((k == 0) == (round % 2 == 0)) {
                 for (uint32_t l = 0; l < c->num_layers; l++)
-                    bench_compute(compute_ns);
+                    bench_compute_until(t, compute_ns, l);
                 what = "llmdd_push_kv_cache after compute";
                 st = llmdd_push_kv_cache(n->dd, &n->cache, &idx,
                                          idx.batch_index, -1, NULL);
