@@ -17,7 +17,10 @@ and one slot of --large-size. Then, --rounds times, alternately:
   slot with dd.pull_cache into a registered numpy array.
 Every call names its CacheIndex afresh, as an engine would. Prints each
 round's p50 per call (us) and large-pull GB/s with the ratios Python / C,
-then the medians over rounds.
+then asyncio's own cost without llmdd (a byte echoed by a child process,
+waited for by a blocking recv and by an awaited future settled from
+loop.add_reader: what an `await` adds on CPython's default loop), then the
+medians over rounds.
 """
 
 import argparse
@@ -99,6 +102,53 @@ def py_round(dd, cid, lid, small, large, iters, liters):
     return res
 
 
+def asyncio_floor(iters):
+    """What asyncio's own loop adds to one awaited round trip, without
+    llmdd: a byte to a child process that echoes it, p50 us, waited for by
+    a blocking recv and by a future settled from loop.add_reader."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        while b.recv(1):
+            b.send(b"x")
+        os._exit(0)
+    b.close()
+
+    def blocking():
+        out = []
+        for _ in range(iters):
+            t = time.perf_counter_ns()
+            a.send(b"x")
+            a.recv(1)
+            out.append(time.perf_counter_ns() - t)
+        return p50(out)
+
+    async def awaited():
+        loop = asyncio.get_running_loop()
+        box = [None]
+
+        def readable():
+            a.recv(1)
+            if box[0] is not None and not box[0].done():
+                box[0].set_result(None)
+        loop.add_reader(a.fileno(), readable)
+        out = []
+        for _ in range(iters):
+            t = time.perf_counter_ns()
+            box[0] = loop.create_future()
+            a.send(b"x")
+            await box[0]
+            out.append(time.perf_counter_ns() - t)
+        loop.remove_reader(a.fileno())
+        return p50(out)
+    try:
+        return blocking(), asyncio.run(awaited())
+    finally:
+        a.close()
+        os.waitpid(pid, 0)
+
+
 def c_round(a, port, cid, lid):
     out = subprocess.run(
         [a.c_bench, str(port), a.transport, str(cid), str(SLOTS), str(a.block_size),
@@ -164,6 +214,10 @@ def main():
               f"{py['sync'] - c['sync']:+5.1f} | {c['posted']:8.1f} | {py['posted']:9.1f} "
               f"{r['posted']:5.2f} | {c['posted_fd']:11.1f} | {py['await']:8.1f} "
               f"{r['await']:5.2f} | {c['large']:6.2f} | {py['large']:7.2f} {r['large']:5.2f}")
+    blk, aw = asyncio_floor(min(a.iters, 10000))
+    print(f"asyncio's own cost, without llmdd (a byte echoed by a child process, p50): "
+          f"blocking recv {blk:.1f} us, awaited through loop.add_reader {aw:.1f} us "
+          f"(+{aw - blk:.1f} us)")
     med = lambda k: statistics.median(ratios[k])  # noqa: E731
     print(f"median ratios: sync {med('sync'):.2f} (+{statistics.median(py['sync'] - c['sync'] for c, py in rows):.1f} us), "
           f"posted {med('posted'):.2f}, await/C posted {med('await'):.2f}, "
