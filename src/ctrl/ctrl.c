@@ -639,8 +639,11 @@ listen_start(llmdd *dd)
         goto err;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     llmdd__sockaddr bound = {.len = sizeof(bound.addr)};
+    /* The kernel's largest backlog (net.core.somaxconn caps it): a fleet's
+     * decoders relinking at once open a control connection and their data
+     * lanes each, and a full queue drops their SYNs for a 1 s retransmit. */
     if (bind(fd, (const struct sockaddr *)&a->addr, a->len) != 0 ||
-        listen(fd, 128) != 0 ||
+        listen(fd, SOMAXCONN) != 0 ||
         getsockname(fd, (struct sockaddr *)&bound.addr, &bound.len) != 0)
         goto err_close;
     llmdd__sockaddr_str(&bound, name, sizeof(name)); /* port 0: the real one */
