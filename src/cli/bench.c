@@ -531,6 +531,7 @@ cli_bench(int argc, char **argv)
     cfg.min_time_ms = BENCH_MIN_TIME_MS;
     cfg.num_layers = 32;
     cfg.compute_ns = -1;
+    cfg.row = -1;
     for (int i = 0, n = 0; i < argc && n < (int)sizeof(cfg.command) - 1; i++) {
         int k = snprintf(cfg.command + n, sizeof(cfg.command) - (size_t)n,
                          "%s%s", i > 0 ? " " : "", argv[i]);

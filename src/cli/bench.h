@@ -34,6 +34,10 @@ enum {
 };
 extern const char *const bench_ops[BOP_N];
 
+/* --op slices --row: the rows it has (src/cli/bench_slices.c). */
+enum { SROW_HND, SROW_NHD, SROW_REMAP, SROW_4SRC, SROW_PERM, SROW_N };
+extern const char *const bench_slice_rows[SROW_N];
+
 enum { BASE_AUTO, BASE_MEMCPY, BASE_TCP, BASE_NONE, BASE_N };
 extern const char *const bench_bases[BASE_N];
 
@@ -46,6 +50,7 @@ typedef struct {
     uint32_t num_layers;
     int64_t compute_ns; /* layerwise: per layer; -1: one layer's push */
     bool block_set, transport_set, num_layers_set;
+    int row; /* slices: the one row to run (SROW_*), -1: every row */
     uint32_t decoders;
     bool decoders_set;
     uint32_t iters, warmup; /* iters 0: auto, by time */

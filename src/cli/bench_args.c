@@ -116,6 +116,13 @@ static const char bench_usage[] =
     "  llmdd bench --op fleet --min-time 5000\n"
     "  llmdd bench --op slices -t shm --rounds 7\n"
     "\n"
+    "--op slices (tcp unless -t): slice pulls (KV layouts) against a\n"
+    "contiguous pull of the same bytes, alternated --rounds times (default\n"
+    "5); 32 MiB a tensor, or --block-size. Rows: heads-hnd, heads-nhd,\n"
+    "remap16-64, 4-sources (with 1-source, its reference), heads-perm;\n"
+    "then the host's copy floor and the planner.\n"
+    "      --row NAME          only that row (and no floor or planner)\n"
+    "\n"
     "--op fleet (tcp unless -t): a prompt and 8 decoder processes; 5 pull\n"
     "and are pushed a slot (--block-size, default 256K) every 20 ms each,\n"
     "checked byte for byte, for --min-time ms (default 3000) alone, then as\n"
@@ -152,6 +159,7 @@ enum {
     OPT_COMPUTE_US,
     OPT_LANES,
     OPT_ROUNDS,
+    OPT_ROW,
 };
 
 static int
@@ -227,6 +235,9 @@ bench_opt(void *ctx, int opt, const char *arg)
             return cli_usage_err("--num-layers: want 1..1024, got \"%s\"", arg);
         c->num_layers_set = true;
         break;
+    case OPT_ROW:
+        return cli_parse_choice("--row", arg, bench_slice_rows, SROW_N,
+                                &c->row);
     case OPT_COMPUTE_US:
         if (!cli_parse_u32(arg, 0, 10000000, &v))
             return cli_usage_err("--compute-us: want 0..10000000, got "
@@ -285,6 +296,7 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
         {"lanes", required_argument, NULL, OPT_LANES},
         {"rounds", required_argument, NULL, OPT_ROUNDS},
+        {"row", required_argument, NULL, OPT_ROW},
         {NULL, 0, NULL, 0},
     };
     const cli_args a = {.usage = bench_usage,
@@ -300,6 +312,8 @@ bench_parse(bench_cfg *cfg, int argc, char **argv)
             return CLI_EXIT_USAGE;
         return 0;
     }
+    if (cfg->row >= 0)
+        return cli_usage_err("--row: only with --op slices");
     if (cfg->op == BOP_DISCOVERY) {
         if (cfg->lo.metadata[0] == '\0')
             return cli_usage_err("--op discovery needs --metadata "

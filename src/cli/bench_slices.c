@@ -27,6 +27,12 @@
 #define SB_SRCS 4
 #define SB_DEC 100
 
+const char *const bench_slice_rows[SROW_N] = {[SROW_HND] = "heads-hnd",
+                                              [SROW_NHD] = "heads-nhd",
+                                              [SROW_REMAP] = "remap16-64",
+                                              [SROW_4SRC] = "4-sources",
+                                              [SROW_PERM] = "heads-perm"};
+
 typedef struct {
     llmdd *dec, *src[SB_SRCS];
     uint64_t bytes; /* per tensor and pull */
@@ -368,47 +374,57 @@ bench_slices(const bench_cfg *cfg)
            cfg->lo.transport, c.rounds, (double)c.bytes / (1 << 20));
     printf("%-11s %13s %7s %9s %9s %6s  %s\n", "row", "bytes", "runs",
            "base GB/s", "test GB/s", "ratio", "[min .. max ratio]");
-    sb_row rows[5];
+    sb_row rows[SROW_N];
     memset(rows, 0, sizeof(rows));
-    rows[0] = (sb_row){.name = "heads-hnd", .nsrc = 1,
-                       .sl = {sb_layout(true, 16, 2, 0, 2, 256)},
-                       .dl = sb_layout(true, 16, 1, 0, 2, 256),
-                       .h0 = {0}, .h1 = {1}};
-    rows[1] = (sb_row){.name = "heads-nhd", .nsrc = 1,
-                       .sl = {sb_layout(false, 16, 2, 0, 2, 256)},
-                       .dl = sb_layout(false, 16, 1, 0, 2, 256),
-                       .h0 = {0}, .h1 = {1}};
-    rows[2] = (sb_row){.name = "remap16-64", .nsrc = 1,
-                       .sl = {sb_layout(true, 16, 8, 0, 8, 128)},
-                       .dl = sb_layout(true, 64, 8, 0, 8, 128),
-                       .h0 = {0}, .h1 = {8}};
-    rows[4] = rows[0];
-    rows[4].name = "heads-perm";
-    rows[4].shuffled = true;
-    rows[3] = (sb_row){.name = "4-sources", .nsrc = SB_SRCS,
-                       .dl = sb_layout(true, 16, 8, 0, 8, 128)};
+    rows[SROW_HND] = (sb_row){.name = bench_slice_rows[SROW_HND],
+                              .nsrc = 1,
+                              .sl = {sb_layout(true, 16, 2, 0, 2, 256)},
+                              .dl = sb_layout(true, 16, 1, 0, 2, 256),
+                              .h0 = {0},
+                              .h1 = {1}};
+    rows[SROW_NHD] = (sb_row){.name = bench_slice_rows[SROW_NHD],
+                              .nsrc = 1,
+                              .sl = {sb_layout(false, 16, 2, 0, 2, 256)},
+                              .dl = sb_layout(false, 16, 1, 0, 2, 256),
+                              .h0 = {0},
+                              .h1 = {1}};
+    rows[SROW_REMAP] = (sb_row){.name = bench_slice_rows[SROW_REMAP],
+                                .nsrc = 1,
+                                .sl = {sb_layout(true, 16, 8, 0, 8, 128)},
+                                .dl = sb_layout(true, 64, 8, 0, 8, 128),
+                                .h0 = {0},
+                                .h1 = {8}};
+    rows[SROW_PERM] = rows[SROW_HND];
+    rows[SROW_PERM].name = bench_slice_rows[SROW_PERM];
+    rows[SROW_PERM].shuffled = true;
+    rows[SROW_4SRC] = (sb_row){.name = bench_slice_rows[SROW_4SRC],
+                               .nsrc = SB_SRCS,
+                               .dl = sb_layout(true, 16, 8, 0, 8, 128)};
     for (uint32_t i = 0; i < SB_SRCS; i++) {
-        rows[3].sl[i] = sb_layout(true, 16, 2, 2 * i, 8, 128);
-        rows[3].h0[i] = 2 * i;
-        rows[3].h1[i] = 2 * i + 2;
+        rows[SROW_4SRC].sl[i] = sb_layout(true, 16, 2, 2 * i, 8, 128);
+        rows[SROW_4SRC].h0[i] = 2 * i;
+        rows[SROW_4SRC].h1[i] = 2 * i + 2;
     }
     bool ok = true;
-    double med[6] = {0};
-    for (int i = 0; i < 4; i++)
-        ok = sb_run_row(&c, &rows[i], &med[i]) && ok;
-    ok = sb_run_row(&c, &rows[4], &med[5]) && ok;
+    double med[SROW_N] = {0}, one_med = 0;
+    for (int i = 0; i < SROW_N; i++)
+        if (cfg->row < 0 || cfg->row == i)
+            ok = sb_run_row(&c, &rows[i], &med[i]) && ok;
     /* The 4-source row's baseline is one source moving the same bytes
      * with the same layouts: heads 0..8 from source 1. */
     sb_row one = {.name = "1-source", .nsrc = 1,
                   .sl = {sb_layout(true, 16, 8, 0, 8, 128)},
                   .dl = sb_layout(true, 16, 8, 0, 8, 128),
                   .h0 = {0}, .h1 = {8}};
-    ok = sb_run_row(&c, &one, &med[4]) && ok;
-    if (med[4] > 0)
+    if (cfg->row < 0 || cfg->row == SROW_4SRC)
+        ok = sb_run_row(&c, &one, &one_med) && ok;
+    if (one_med > 0)
         printf("4-sources vs 1-source (same bytes, same layouts): %.2f\n",
-               med[3] / med[4]);
-    sb_floor(&c);
-    sb_planner();
+               med[SROW_4SRC] / one_med);
+    if (cfg->row < 0) {
+        sb_floor(&c);
+        sb_planner();
+    }
     rc = ok ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 out:
     llmdd_destroy(c.dec);

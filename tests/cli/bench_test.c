@@ -254,6 +254,25 @@ test_bench_layerwise(void **state)
     cu_result_free(&r);
 }
 
+/* --op slices --row: that row alone, over loop (small: 1 MiB a tensor). */
+static void
+test_bench_slices_row(void **state)
+{
+    (void)state;
+    cu_result r =
+        cu_run(120, (const char *[]){"bench", "--op", "slices", "-t", "loop",
+                                     "--row", "heads-nhd", "--rounds", "2",
+                                     "--block-size", "1M", NULL});
+    if (r.code != 0)
+        cu_dump("bench --op slices --row heads-nhd", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "\nheads-nhd "));
+    assert_null(strstr(r.out, "\nheads-hnd "));
+    assert_null(strstr(r.out, "copy floor"));
+    assert_null(strstr(r.out, "planner:"));
+    cu_result_free(&r);
+}
+
 static void
 test_bench_link(void **state)
 {
@@ -394,6 +413,7 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_bench_pull_blocks, teardown),
         cmocka_unit_test_teardown(test_bench_pull_blocks_inflight, teardown),
         cmocka_unit_test_teardown(test_bench_layerwise, teardown),
+        cmocka_unit_test_teardown(test_bench_slices_row, teardown),
         cmocka_unit_test_teardown(test_bench_link, teardown),
         cmocka_unit_test_teardown(test_bench_register_auto, teardown),
         cmocka_unit_test_teardown(test_bench_rounds, teardown),

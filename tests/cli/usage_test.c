@@ -99,6 +99,8 @@ static const bad_case bad[] = {
     {{"bench", "--op", "link", "--rounds", "2", NULL}, "--rounds"},
     {{"bench", "--op", "link", "--plot", "x.png", NULL}, "--plot"},
     {{"bench", "--block-size", "64G", "--blocks", "64", NULL}, "64G"},
+    {{"bench", "--op", "slices", "--row", "heads", NULL}, "--row"},
+    {{"bench", "--row", "heads-hnd", NULL}, "--row: only with --op slices"},
     {{"info", "--verbose", NULL}, "Try 'llmdd info --help'"},
 };
 
