@@ -201,10 +201,11 @@ llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len)
  * reads one element in two or more), where the hardware prefetchers start
  * late, so the lines of the element COPY_2D_AHEAD bytes on are prefetched
  * while this one copies; from COPY_2D_PF_ALL up, the next element's pages
- * are, as for a run (the prefetchers follow within a page). A head slice of
- * 256-byte elements on two threads went from 0.45-0.52x to 0.65-0.69x a
- * contiguous streamed copy with this, against memcpy element by element; 4 KiB
- * elements keep 0.8-0.9x (BENCHMARKS.md, KV layouts).
+ * are, as for a run (the prefetchers follow within a page). In a standalone
+ * program (two threads, memfd memory) 256-byte elements went from
+ * 0.45-0.52x a contiguous streamed copy with memcpy element by element to
+ * 0.65-0.69x with this; 4 KiB elements stay at 0.84-0.86x (BENCHMARKS.md,
+ * KV layouts).
  */
 #define COPY_2D_AHEAD 2048u
 #define COPY_2D_PF_ALL 1024u

@@ -47,7 +47,8 @@
 #define LLMDD__COPY_NT_SPAN (64ull << 20)
 #define LLMDD__COPY_NT_SPAN_BATCH (1u << 20)
 /*
- * Runs shorter than this are copied with memcpy even in a streamed batch:
+ * Runs shorter than this are copied with memcpy even in a streamed batch
+ * (but for llmdd__copy_2d's elements of whole lines into aligned lines):
  * partial lines written non-temporally cost a full memory transaction each,
  * and short runs spread over the source (a head slice of 256-byte elements)
  * load too slowly to keep the streamed stores busy: such a slice moved at
@@ -86,8 +87,11 @@ void llmdd__copy_begin(llmdd__copy_batch *b, uint64_t total,
 void llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len);
 /*
  * `count` elements of len bytes, the k-th from src + k * src_stride to
- * dst + k * dst_stride, as that many llmdd__copy calls, in order; short
- * elements that overlap nothing are copied in one tight loop.
+ * dst + k * dst_stride, as that many llmdd__copy calls, in order. Elements
+ * that overlap nothing go in one loop: in a streamed batch, those of
+ * LLMDD__COPY_NT_MIN_RUN bytes or more and those of whole lines into
+ * line-aligned destinations stream (no partial line is written), other
+ * short ones are memcpy'd.
  */
 void llmdd__copy_2d(llmdd__copy_batch *b, uint8_t *dst, size_t dst_stride,
                     const uint8_t *src, size_t src_stride, size_t len,
