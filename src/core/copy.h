@@ -47,13 +47,14 @@
 #define LLMDD__COPY_NT_SPAN (64ull << 20)
 #define LLMDD__COPY_NT_SPAN_BATCH (1u << 20)
 /*
- * Runs shorter than this are copied with memcpy even in a streamed batch
- * (but for llmdd__copy_2d's elements of whole lines into aligned lines):
+ * Runs shorter than this are copied with memcpy even in a streamed batch:
  * partial lines written non-temporally cost a full memory transaction each,
  * and short runs spread over the source (a head slice of 256-byte elements)
  * load too slowly to keep the streamed stores busy: such a slice moved at
- * 0.20x a contiguous pull with 256-byte runs streamed, 0.28-0.34x with
- * memcpy (BENCHMARKS.md, KV layouts).
+ * 0.20x a contiguous pull with 256-byte runs streamed one call each,
+ * 0.28-0.34x with memcpy (BENCHMARKS.md, KV layouts). llmdd__copy_2d's
+ * elements of whole lines into aligned lines are the exception: it streams
+ * them in one loop that prefetches the source ahead, which beats memcpy.
  */
 #define LLMDD__COPY_NT_MIN_RUN 512u
 
