@@ -2,7 +2,9 @@
     pip install --no-build-isolation --break-system-packages ./python
 The library is copied into the package (llmdd/_lib/) from LLMDD_LIBRARY or
 the build tree (../build); without either the package falls back to the
-system loader (an installed libllmdd.so.0)."""
+system loader (an installed libllmdd.so.0). The build's llmdd._speedups
+(<build>/python/, made when python3-dev is installed) is copied beside it;
+without it the package calls the library through ctypes only."""
 
 import glob
 import os
@@ -26,6 +28,21 @@ def _find_library():
     return None
 
 
+def _find_speedups(lib):
+    """llmdd._speedups as the build made it (<build>/python/), for this
+    interpreter; None without it (the package then uses ctypes only)."""
+    import importlib.machinery
+    dirs = [os.path.join(os.path.dirname(lib), "python")] if lib else []
+    dirs += [os.path.join(d, "python") for d in (os.environ.get("LLMDD_BUILD_DIR", ""),
+                                                 os.path.join(HERE, "..", "build")) if d]
+    for d in dirs:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(d, "_speedups" + suffix)
+            if os.path.exists(path):
+                return path
+    return None
+
+
 class BuildPy(build_py):
     def run(self):
         super().run()
@@ -35,6 +52,11 @@ class BuildPy(build_py):
         if lib:
             os.makedirs(dst, exist_ok=True)
             shutil.copy2(lib, os.path.join(dst, "libllmdd.so.0"))
+        for old in glob.glob(os.path.join(self.build_lib, "llmdd", "_speedups*.so")):
+            os.remove(old)
+        sp = _find_speedups(lib)
+        if sp:
+            shutil.copy2(sp, os.path.join(self.build_lib, "llmdd", os.path.basename(sp)))
 
 
 def _version():

@@ -11,7 +11,7 @@ set -eu
 pkgs="build-essential cmake pkg-config libcmocka-dev libcjson-dev libssl-dev
 libucx-dev ucx-utils gnuplot-nox iproute2 libmicrohttpd-dev libcurl4-openssl-dev
 etcd-server
-python3-pytest python3-numpy python3-torch python3-setuptools python3-pip
+python3-pytest python3-numpy python3-torch python3-setuptools python3-pip python3-dev
 libopenblas0-pthread"
 if [ "${1:-}" = "--ci" ]; then
     pkgs="$pkgs clang libclang-rt-14-dev valgrind prometheus"

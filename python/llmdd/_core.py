@@ -14,7 +14,10 @@ from ._status import Status, LlmddError, check
 from ._request import Request, _Completions
 from ._values import (Role, Placement, DataType, DTYPE_SIZE, CacheDesc, CacheIndex,
                       ClusterInfo, _I32_MAX, _int, _u64, _u32, _bytes, _options,
-                      _ext_ref, _blocks, _index, _timeout, _ip_array, _role, _size, _bad_cache)
+                      _ext_ref, _blocks, _index, _index_ints, _timeout, _ip_array, _role,
+                      _size, _bad_cache)
+
+_fast = _ffi.speedups   # llmdd._speedups, or None: ctypes for every call
 
 __all__ = ["Role", "Placement", "DataType", "DTYPE_SIZE", "CacheDesc", "CacheIndex",
            "ClusterInfo", "Cache", "Request", "Instance"]
@@ -35,6 +38,7 @@ class Cache:
         self._keep = keep            # the memory owners of a registered cache
         self._closed = False
         self._byref = ctypes.byref(c_cache)
+        self._addr = ctypes.addressof(c_cache)
         self.tensor_addrs = [int(c_cache.tensor_addrs[i]) for i in range(desc.num_tensors)]
 
     @property
@@ -108,6 +112,7 @@ class Instance:
         self._calls_cv = threading.Condition(self._calls_lock)
         self._caches = weakref.WeakSet()
         self._plain_opts = _ffi.XferOptsC(_ffi.XFER_COMPLETION, None, 0)
+        self._plain_opts_addr = ctypes.addressof(self._plain_opts)
         self._cq = None             # _Completions, made by the first await
         self._cq_lock = threading.Lock()
         self._notify_waiters = collections.deque()
@@ -400,6 +405,13 @@ class Instance:
             raise LlmddError(st, fn.__name__)
         return Request(self, req, (keep, args, nbuf))
 
+    def _post_fast(self, f, keep, push):
+        st, req = self._call(_fast.post, *f, self._plain_opts_addr, push)
+        if st != 0:
+            raise LlmddError(st, "llmdd_push_kv_cache_async" if push
+                             else "llmdd_pull_kv_cache_async")
+        return Request(self, ctypes.c_void_p(req), (keep,))
+
     def _wait_posted(self, post_fn, args, keep, notify, timeout_ms):
         _timeout("timeout_ms", timeout_ms)     # checked before anything is posted
         with self._post(post_fn, args, keep, notify) as r:
@@ -413,6 +425,21 @@ class Instance:
         if isinstance(cache, Cache):
             return cache._ref(self)
         _bad_cache(name)
+
+    def _fast_slot(self, remote, cache, name, bi_name, batch_index, size, sl, dl, tnpl):
+        """The arguments of llmdd._speedups' slot calls (remote index as
+        ints, the local cache's address, batch index, size, ext NULL), or
+        None where the ctypes path is taken: no llmdd._speedups, layer
+        ranges, or a remote index the ctypes path will refuse."""
+        if _fast is None or sl is not None or dl is not None or type(tnpl) is not int \
+                or tnpl != 2:
+            return None
+        idx = _index_ints(remote)
+        if idx is None:
+            return None
+        self._local(cache, name)          # raises as the ctypes path does
+        return (idx[0], idx[1], idx[2], cache._addr, _u32(bi_name, batch_index),
+                _size(size), 0)
 
     def _pull_cache_args(self, src, dst, batch_index, size, sl, dl, tnpl):
         return (_index(src), self._local(dst, "dst"),
@@ -447,6 +474,11 @@ class Instance:
                          dst_layers=None, tensor_num_per_layer=2, notify=None):
         """Posts a pull of the remote slot src (CacheIndex) into slot
         batch_index of the local cache dst; returns a Request."""
+        if notify is None:
+            f = self._fast_slot(src, dst, "dst", "batch_index", batch_index, size,
+                                src_layers, dst_layers, tensor_num_per_layer)
+            if f is not None:
+                return self._post_fast(f, dst, False)
         args = self._pull_cache_args(src, dst, batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         return self._post(lib.llmdd_pull_kv_cache_async, args, dst, notify)
@@ -472,6 +504,11 @@ class Instance:
                          layerwise=False):
         """Posts a push of local slot src_batch_index of src into the remote
         slot dst (CacheIndex). layerwise: layers move once layer_ready()."""
+        if notify is None and not layerwise:
+            f = self._fast_slot(dst, src, "src", "src_batch_index", src_batch_index, size,
+                                src_layers, dst_layers, tensor_num_per_layer)
+            if f is not None:
+                return self._post_fast(f, src, True)
         args = self._push_cache_args(src, dst, src_batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         return self._post(lib.llmdd_push_kv_cache_async, args, src, notify, layerwise)
@@ -499,6 +536,14 @@ class Instance:
         """Pulls as pull_cache_async does and returns once the bytes landed
         (llmdd_pull_kv_cache); raises on failure. With notify or timeout_ms
         (posted, then waited for up to timeout_ms)."""
+        if notify is None and timeout_ms is None:
+            f = self._fast_slot(src, dst, "dst", "batch_index", batch_index, size,
+                                src_layers, dst_layers, tensor_num_per_layer)
+            if f is not None:
+                st = self._call(_fast.pull_cache, *f)
+                if st != 0:
+                    raise LlmddError(st, "llmdd_pull_kv_cache")
+                return
         args = self._pull_cache_args(src, dst, batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         if notify is None and timeout_ms is None:
@@ -532,6 +577,14 @@ class Instance:
 
     def push_cache(self, src, dst, src_batch_index=0, size=-1, *, src_layers=None,
                    dst_layers=None, tensor_num_per_layer=2, notify=None, timeout_ms=None):
+        if notify is None and timeout_ms is None:
+            f = self._fast_slot(dst, src, "src", "src_batch_index", src_batch_index, size,
+                                src_layers, dst_layers, tensor_num_per_layer)
+            if f is not None:
+                st = self._call(_fast.push_cache, *f)
+                if st != 0:
+                    raise LlmddError(st, "llmdd_push_kv_cache")
+                return
         args = self._push_cache_args(src, dst, src_batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         if notify is None and timeout_ms is None:

@@ -9,7 +9,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["lib", "library_path"]
+__all__ = ["lib", "library_path", "speedups"]
 
 MAX_DIMS = 31
 IP_LEN = 64
@@ -273,3 +273,39 @@ _proto("llmdd_tp_plan", status_t, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uin
        ctypes.c_uint32, _P(TpPieceC), ctypes.c_size_t, _P(ctypes.c_size_t))
 _proto("llmdd_kv_slice_plan_size", status_t, _P(KvLayoutC), _P(KvLayoutC), _P(KvSliceC),
        _P(ctypes.c_uint64), _P(ctypes.c_uint64))
+
+
+def _load_speedups():
+    """llmdd._speedups (llmdd/_speedups.c), bound to lib: installed next to
+    the package, or in the build tree beside the library (<build>/python/).
+    None, and ctypes for every call, without it or with
+    LLMDD_PY_SPEEDUPS=0."""
+    if os.environ.get("LLMDD_PY_SPEEDUPS", "1") == "0":
+        return None
+    try:
+        from . import _speedups as mod
+    except ImportError:
+        import importlib.machinery
+        import importlib.util
+        d = os.path.join(os.path.dirname(os.path.abspath(library_path)), "python")
+        mod = None
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(d, "_speedups" + suffix)
+            if not os.path.exists(path):
+                continue
+            spec = importlib.util.spec_from_file_location(__package__ + "._speedups", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            break
+        if mod is None:
+            return None
+
+    def addr(f):
+        return ctypes.cast(f, ctypes.c_void_p).value
+    mod.bind(addr(lib.llmdd_pull_kv_cache), addr(lib.llmdd_push_kv_cache),
+             addr(lib.llmdd_pull_kv_cache_async), addr(lib.llmdd_push_kv_cache_async),
+             addr(lib.llmdd_request_wait), addr(lib.llmdd_get_completions))
+    return mod
+
+
+speedups = _load_speedups()

@@ -6,7 +6,7 @@ import ctypes
 import threading
 import weakref
 
-from ._ffi import lib
+from ._ffi import lib, speedups as _fast
 from ._status import Status, LlmddError, RequestTimeout, check
 from ._values import _WAIT, _timeout, _u32
 
@@ -42,7 +42,8 @@ class Request:
     def _wait_raw(self, timeout_ms):
         ptr = self._enter()
         try:
-            st = lib.llmdd_request_wait(ptr, timeout_ms)
+            st = (_fast.wait(self._key, timeout_ms) if _fast is not None
+                  else lib.llmdd_request_wait(ptr, timeout_ms))
         finally:
             self._leave()
         if st != _WAIT:
@@ -220,13 +221,18 @@ class _Completions:
         with self._lock:
             while True:
                 try:
-                    st = self._inst._call(lib.llmdd_get_completions, self._out, self.CAP,
-                                          ctypes.byref(self._n))
+                    if _fast is not None:
+                        st, got = self._inst._call(_fast.completions)
+                        cap = _fast.COMPLETIONS_CAP
+                    else:
+                        st = self._inst._call(lib.llmdd_get_completions, self._out,
+                                              self.CAP, ctypes.byref(self._n))
+                        got = self._out[:self._n.value] if st == 0 else []
+                        cap = self.CAP
                 except LlmddError:   # finalizing: shutdown() settles everyone
                     return
-                n = self._n.value if st == 0 else 0
-                keys += self._out[:n]
-                if n < self.CAP:
+                keys += got
+                if len(got) < cap:
                     break
         for k in keys:
             if k in self._waiting:

@@ -231,6 +231,23 @@ CacheIndex = collections.namedtuple("CacheIndex", "cluster_id cache_id batch_ind
 CacheIndex.__doc__ = "Names a remote cache's batch slot: (cluster_id, cache_id, batch_index=0)."
 
 
+def _index_ints(v):
+    """(cluster_id, cache_id, batch_index) of a CacheIndex, or of a plain
+    (cluster_id, cache_id[, batch_index]) tuple, whose fields are ints in
+    range, for llmdd._speedups; None otherwise (_index then decides)."""
+    t = type(v)
+    if t is CacheIndex or (t is tuple and len(v) == 3):
+        a, b, c = v
+    elif t is tuple and len(v) == 2:
+        (a, b), c = v, 0
+    else:
+        return None
+    if (type(a) is int and type(b) is int and type(c) is int and 0 <= a <= U64_MAX
+            and -2**63 <= b <= _I64_MAX and 0 <= c <= _U32_MAX):
+        return (a, b, c)
+    return None
+
+
 def _index(v, name="src"):
     if type(v) is CacheIndex:   # the common case, checked inline
         a, b, c = v

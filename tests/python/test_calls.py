@@ -4,6 +4,7 @@ Ctrl-C ends them within it, and close() waits for them), and asyncio waits
 on the instance's completion fd, with no thread of the binding's own."""
 
 import asyncio
+import glob
 import os
 import platform
 import signal
@@ -68,6 +69,33 @@ def stoppable():
     yield p
     os.kill(p.proc.pid, signal.SIGCONT)
     p.close()
+
+
+def test_speedups_loaded_and_bounded():
+    """The build's llmdd._speedups is what the package calls (unless
+    LLMDD_PY_SPEEDUPS=0, as llmdd.python.pytest_ctypes runs this suite),
+    and it refuses what it cannot take with an exception, not a crash."""
+    lib = os.environ.get("LLMDD_LIBRARY")
+    built = bool(lib) and bool(glob.glob(os.path.join(os.path.dirname(lib), "python",
+                                                      "_speedups*.so")))
+    fast = llmdd._ffi.speedups
+    if os.environ.get("LLMDD_PY_SPEEDUPS") == "0" or not built:
+        assert fast is None
+        return
+    assert fast is not None
+    with pytest.raises(TypeError):
+        fast.pull_cache(0, 1)                          # too few arguments
+    with pytest.raises(TypeError):
+        fast.wait("request", 0)
+    with pytest.raises(OverflowError):
+        fast.wait(0, 1 << 40)                          # not an int32 timeout
+    with pytest.raises(OverflowError):
+        fast.pull_cache(0, -1, 0, 0, 0, 0, -1, 0)      # cluster id below 0
+    with pytest.raises(OverflowError):
+        fast.pull_cache(0, 1, 0, 1 << 32, 0, 0, -1, 0)  # batch past uint32
+    # NULL instance and request: the library's own refusal.
+    assert fast.pull_cache(0, 1, 0, 0, 0, 0, -1, 0) == llmdd.Status.LLM_PARAM_INVALID
+    assert fast.wait(0, 0) == llmdd.Status.LLM_PARAM_INVALID
 
 
 def test_sync_calls_are_the_c_calls(peer):
