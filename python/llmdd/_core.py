@@ -405,6 +405,11 @@ class Instance:
             raise LlmddError(st, fn.__name__)
         return Request(self, req, (keep, args, nbuf))
 
+    def _fast_sync(self, fn, name, f):
+        st = self._call(fn, *f)
+        if st != 0:
+            raise LlmddError(st, name)
+
     def _post_fast(self, f, keep, push):
         st, req = self._call(_fast.post, *f, self._plain_opts_addr, push)
         if st != 0:
@@ -540,10 +545,7 @@ class Instance:
             f = self._fast_slot(src, dst, "dst", "batch_index", batch_index, size,
                                 src_layers, dst_layers, tensor_num_per_layer)
             if f is not None:
-                st = self._call(_fast.pull_cache, *f)
-                if st != 0:
-                    raise LlmddError(st, "llmdd_pull_kv_cache")
-                return
+                return self._fast_sync(_fast.pull_cache, "llmdd_pull_kv_cache", f)
         args = self._pull_cache_args(src, dst, batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         if notify is None and timeout_ms is None:
@@ -581,10 +583,7 @@ class Instance:
             f = self._fast_slot(dst, src, "src", "src_batch_index", src_batch_index, size,
                                 src_layers, dst_layers, tensor_num_per_layer)
             if f is not None:
-                st = self._call(_fast.push_cache, *f)
-                if st != 0:
-                    raise LlmddError(st, "llmdd_push_kv_cache")
-                return
+                return self._fast_sync(_fast.push_cache, "llmdd_push_kv_cache", f)
         args = self._push_cache_args(src, dst, src_batch_index, size, src_layers, dst_layers,
                                      tensor_num_per_layer)
         if notify is None and timeout_ms is None:
