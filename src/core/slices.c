@@ -315,10 +315,11 @@ llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
             L = dB - ds;
         const uint64_t *sb = st->blocks + sr / sB, *db = dt->blocks + dr / dB;
         /* Whole blocks of one size, numbered in a row on both sides, make
-         * one box (the tables were checked up to te's block). */
+         * one box (the tables were checked up to te's block). Measured from
+         * t, which may sit near the top of the range: no sum can wrap. */
         uint64_t nb = 1;
         if (ss == 0 && ds == 0 && L == sB && sB == dB)
-            while (t + (nb + 1) * sB <= te && sb[nb] == sb[0] + nb &&
+            while ((te - t) / sB > nb && sb[nb] == sb[0] + nb &&
                    db[nb] == db[0] + nb)
                 nb++;
         uint64_t sbase =

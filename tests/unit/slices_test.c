@@ -211,6 +211,31 @@ test_table_repeats(void **state)
     }
 }
 
+/* Token positions at the top of the 64-bit range (a table's first token
+ * may be any multiple of its block size): whole blocks in a row join
+ * without the position wrapping, and the plan covers exactly the tokens. */
+static void
+test_tokens_at_the_top(void **state)
+{
+    (void)state;
+    const uint64_t first = UINT64_MAX - 31;   /* a multiple of 16 */
+    uint64_t *tab = malloc(2 * sizeof(*tab)); /* on the heap: ASan sees past */
+    assert_non_null(tab);
+    tab[0] = 0;
+    tab[1] = 1;
+    llmdd_kv_layout l = hnd(16, 1, 0, 1, 8);
+    llmdd_block_table t = {tab, 2, first};
+    for (uint64_t te = first + 16; te <= UINT64_MAX && te > first; te += 15) {
+        assert_int_equal(llmdd__table_check(&t, &l, 2, first, te), LLM_SUCCESS);
+        llmdd__plan2 p = {0};
+        assert_int_equal(llmdd__plan_slice(&p, &l, &t, &l, &t, first, te, 0, 1),
+                         0);
+        assert_true(llmdd__plan2_bytes(&p) == (te - first) * 8);
+        llmdd__plan2_free(&p);
+    }
+    free(tab);
+}
+
 /* One order on both sides: the run count follows the blocks, not heads or
  * tokens. HND, 4 of 8 heads from a rank holding 1, contiguous tables. */
 static void
@@ -434,6 +459,7 @@ main(void)
         cmocka_unit_test(test_layout_rules),
         cmocka_unit_test(test_property),
         cmocka_unit_test(test_table_repeats),
+        cmocka_unit_test(test_tokens_at_the_top),
         cmocka_unit_test(test_runs_follow_blocks),
         cmocka_unit_test(test_llama70b_plan),
         cmocka_unit_test(test_blocks_32_to_16),
