@@ -173,22 +173,32 @@ sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
+/* A synchronous slot transfer: llmdd_push_kv_cache when push, else
+ * llmdd_pull_kv_cache. */
+static PyObject *
+sync_xfer(PyObject *const *args, Py_ssize_t n, int push, const char *name)
+{
+    slot_args a;
+    llmdd_status st;
+    if (nargs_is(n, 8, name) != 0 || bound() != 0 || parse_slot(args, &a) != 0)
+        return NULL;
+    llmdd *dd = (llmdd *)(uintptr_t)a.dd;
+    const llmdd_cache *c = (const llmdd_cache *)(uintptr_t)a.cache;
+    const llmdd_kv_ext_param *e = (const llmdd_kv_ext_param *)(uintptr_t)a.ext;
+    PyThreadState *ts = PyEval_SaveThread();
+    st = push ? fns.push(dd, c, &a.idx, a.batch, a.size, e)
+              : fns.pull(dd, &a.idx, c, a.batch, a.size, e);
+    PyEval_RestoreThread(ts);
+    return PyLong_FromUnsignedLong(st);
+}
+
 /* pull_cache(dd, cluster, cache_id, batch, cache, batch_index, size, ext)
  * -> status: llmdd_pull_kv_cache. */
 static PyObject *
 sp_pull_cache(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
-    slot_args a;
-    llmdd_status st;
     (void)self;
-    if (nargs_is(n, 8, "pull_cache") != 0 || bound() != 0 ||
-        parse_slot(args, &a) != 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS st =
-        fns.pull((llmdd *)(uintptr_t)a.dd, &a.idx,
-                 (const llmdd_cache *)(uintptr_t)a.cache, a.batch, a.size,
-                 (const llmdd_kv_ext_param *)(uintptr_t)a.ext);
-    Py_END_ALLOW_THREADS return PyLong_FromUnsignedLong(st);
+    return sync_xfer(args, n, 0, "pull_cache");
 }
 
 /* push_cache(dd, cluster, cache_id, batch, cache, src_batch_index, size,
@@ -197,16 +207,8 @@ sp_pull_cache(PyObject *self, PyObject *const *args, Py_ssize_t n)
 static PyObject *
 sp_push_cache(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
-    slot_args a;
-    llmdd_status st;
     (void)self;
-    if (nargs_is(n, 8, "push_cache") != 0 || bound() != 0 ||
-        parse_slot(args, &a) != 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS st = fns.push(
-        (llmdd *)(uintptr_t)a.dd, (const llmdd_cache *)(uintptr_t)a.cache,
-        &a.idx, a.batch, a.size, (const llmdd_kv_ext_param *)(uintptr_t)a.ext);
-    Py_END_ALLOW_THREADS return PyLong_FromUnsignedLong(st);
+    return sync_xfer(args, n, 1, "push_cache");
 }
 
 /* post(dd, cluster, cache_id, batch, cache, batch_index, size, ext, opts,
@@ -230,11 +232,12 @@ sp_post(PyObject *self, PyObject *const *args, Py_ssize_t n)
     const llmdd_cache *c = (const llmdd_cache *)(uintptr_t)a.cache;
     const llmdd_kv_ext_param *e = (const llmdd_kv_ext_param *)(uintptr_t)a.ext;
     const llmdd_xfer_opts *o = (const llmdd_xfer_opts *)(uintptr_t)opts;
-    Py_BEGIN_ALLOW_THREADS st =
-        push ? fns.push_async(dd, c, &a.idx, a.batch, a.size, e, o, &req)
-             : fns.pull_async(dd, &a.idx, c, a.batch, a.size, e, o, &req);
-    Py_END_ALLOW_THREADS return Py_BuildValue(
-        "(kK)", (unsigned long)st, (unsigned long long)(uintptr_t)req);
+    PyThreadState *ts = PyEval_SaveThread();
+    st = push ? fns.push_async(dd, c, &a.idx, a.batch, a.size, e, o, &req)
+              : fns.pull_async(dd, &a.idx, c, a.batch, a.size, e, o, &req);
+    PyEval_RestoreThread(ts);
+    return Py_BuildValue("(kK)", (unsigned long)st,
+                         (unsigned long long)(uintptr_t)req);
 }
 
 /* wait(request, timeout_ms) -> status: llmdd_request_wait. */
@@ -255,9 +258,9 @@ sp_wait(PyObject *self, PyObject *const *args, Py_ssize_t n)
     if (t == 0) { /* a status read: no wait to leave the GIL for */
         st = fns.wait((llmdd_request *)(uintptr_t)req, 0);
     } else {
-        Py_BEGIN_ALLOW_THREADS st =
-            fns.wait((llmdd_request *)(uintptr_t)req, (int32_t)t);
-        Py_END_ALLOW_THREADS
+        PyThreadState *ts = PyEval_SaveThread();
+        st = fns.wait((llmdd_request *)(uintptr_t)req, (int32_t)t);
+        PyEval_RestoreThread(ts);
     }
     return PyLong_FromUnsignedLong(st);
 }

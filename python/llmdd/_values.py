@@ -249,11 +249,9 @@ def _index_ints(v):
 
 
 def _index(v, name="src"):
-    if type(v) is CacheIndex:   # the common case, checked inline
-        a, b, c = v
-        if (type(a) is int and type(b) is int and type(c) is int and 0 <= a <= U64_MAX
-                and -2**63 <= b <= _I64_MAX and 0 <= c <= _U32_MAX):
-            return _ffi.CacheIndexC(a, b, c)
+    t = _index_ints(v)          # the common case, checked inline
+    if t is not None:
+        return _ffi.CacheIndexC(*t)
     if getattr(v, "_is_local_cache", False):     # an llmdd.Cache
         raise TypeError(f"{name} must name a remote cache: CacheIndex(cluster_id, "
                         "cache_id, batch_index)")
