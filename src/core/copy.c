@@ -203,8 +203,8 @@ llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len)
  * while this one copies; from COPY_2D_PF_ALL up, the next element's pages
  * are, as for a run (the prefetchers follow within a page). In a standalone
  * program (two threads, memfd memory) 256-byte elements went from
- * 0.45-0.52x a contiguous streamed copy with memcpy element by element to
- * 0.65-0.69x with this; 4 KiB elements stay at 0.84-0.86x (BENCHMARKS.md,
+ * 0.40-0.47x a contiguous streamed copy with memcpy element by element to
+ * 0.59-0.73x with this; 4 KiB elements move at 0.84-0.86x (BENCHMARKS.md,
  * KV layouts).
  */
 #define COPY_2D_AHEAD 2048u
