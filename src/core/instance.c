@@ -216,6 +216,7 @@ llmdd__instance_new(uint64_t cluster_id, llmdd_role role,
     llmdd__options_init(&dd->opts);
     pthread_mutex_init(&dd->lock, NULL);
     llmdd__cond_init(&dd->cond);
+    llmdd__assist_init(&dd->assist);
     *dd_out = dd;
     return LLM_SUCCESS;
 }
@@ -228,6 +229,7 @@ llmdd_destroy(llmdd *dd)
     llmdd_finalize(dd);
     llmdd__requests_free(dd);
     llmdd__options_fini(&dd->opts);
+    llmdd__assist_fini(&dd->assist);
     pthread_cond_destroy(&dd->cond);
     pthread_mutex_destroy(&dd->lock);
     free(dd->metrics);
@@ -291,6 +293,9 @@ llmdd_initialize(llmdd *dd, const llmdd_option *options, size_t num_options)
     dd->next_instance = instances;
     instances = dd;
     pthread_mutex_unlock(&instances_lock);
+    pthread_mutex_lock(&dd->assist.lock); /* after a finalize */
+    dd->assist.stop = false;
+    pthread_mutex_unlock(&dd->assist.lock);
     pthread_mutex_lock(&dd->lock);
     dd->initialized = true;
     pthread_mutex_unlock(&dd->lock);
@@ -336,6 +341,7 @@ llmdd_finalize(llmdd *dd)
     dd->plane->listen_stop(dd);
     llmdd__links_fini(dd);
     dd->plane->stop(dd);
+    llmdd__assist_stop(dd);
 
     pthread_mutex_lock(&dd->lock);
     while (dd->nthreads > 0)

@@ -164,3 +164,95 @@ llmdd__spawn(llmdd *dd, void *(*fn)(void *), void *arg)
     }
     return 0;
 }
+
+void
+llmdd__assist_init(llmdd__assist *a)
+{
+    memset(a, 0, sizeof(*a));
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->cond, NULL);
+}
+
+void
+llmdd__assist_fini(llmdd__assist *a)
+{
+    pthread_cond_destroy(&a->cond);
+    pthread_mutex_destroy(&a->lock);
+}
+
+static void *
+assist_main(void *p)
+{
+    llmdd__assist *a = &((llmdd *)p)->assist;
+
+    pthread_mutex_lock(&a->lock);
+    for (;;) {
+        while (!a->stop && (a->fn == NULL))
+            pthread_cond_wait(&a->cond, &a->lock);
+        if (a->fn == NULL) /* stopped with no job left */
+            break;
+        void *(*fn)(void *) = a->fn;
+        void *arg = a->arg;
+        a->fn = NULL;
+        pthread_mutex_unlock(&a->lock);
+        fn(arg);
+        pthread_mutex_lock(&a->lock);
+        a->done = true;
+        pthread_cond_broadcast(&a->cond);
+    }
+    a->running = false;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+bool
+llmdd__assist_post(llmdd *dd, void *(*fn)(void *), void *arg)
+{
+    llmdd__assist *a = &dd->assist;
+
+    pthread_mutex_lock(&a->lock);
+    if (a->busy || a->stop) {
+        pthread_mutex_unlock(&a->lock);
+        return false;
+    }
+    if (!a->running) {
+        if (llmdd__spawn(dd, assist_main, dd) != 0) {
+            pthread_mutex_unlock(&a->lock);
+            return false;
+        }
+        a->running = true;
+    }
+    a->busy = true;
+    a->done = false;
+    a->fn = fn;
+    a->arg = arg;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->lock);
+    return true;
+}
+
+void
+llmdd__assist_wait(llmdd *dd)
+{
+    llmdd__assist *a = &dd->assist;
+
+    pthread_mutex_lock(&a->lock);
+    while (!a->done)
+        pthread_cond_wait(&a->cond, &a->lock);
+    a->busy = false;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void
+llmdd__assist_stop(llmdd *dd)
+{
+    llmdd__assist *a = &dd->assist;
+
+    pthread_mutex_lock(&a->lock);
+    a->stop = true;
+    pthread_cond_broadcast(&a->cond);
+    while (a->running)
+        pthread_cond_wait(&a->cond, &a->lock);
+    pthread_mutex_unlock(&a->lock);
+}

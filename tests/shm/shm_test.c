@@ -220,7 +220,7 @@ test_registered_uses_cma(void **state)
 }
 
 /*
- * A large registered transfer moves over two threads (SHM_CMA_SPLIT_BYTES):
+ * A large registered transfer moves over two threads (SHM_SPLIT_BYTES):
  * every byte of a 32 MiB pull and push lands where it belongs, the seam
  * between the halves included.
  */
@@ -263,6 +263,73 @@ test_registered_large_split(void **state)
     llmdd__shm_stats_get(&b);
     assert_int_equal(b.cma_split - a.cma_split, 2);
     assert_int_equal(b.cma_xfers - a.cma_xfers, 2);
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/*
+ * A 4 MiB copy through the owner's memfd of two tensors (one layer of K and
+ * V) moves over two threads, the second the instance's assist thread, kept
+ * from one transfer to the next: every byte lands, the seam between the
+ * tensors included, and no copy starts a thread of its own. A finalized and
+ * initialized instance starts the assist again.
+ */
+static void
+test_memfd_split_on_assist(void **state)
+{
+    char cmd[64], reply[64];
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    th_proc p;
+    llmdd_option o[] = {{"llm.Transport", "shm"},
+                        {"llm.SyncKvCacheWaitTime", WAIT}};
+
+    (void)state;
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_proc_cmd(&p, "alloc-big 2 2 61", reply, sizeof(reply)),
+                     0);
+    int64_t id = atoll(reply + 3);
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, 2 << 18}};
+    uint64_t size = th_tensor_size(&d), all[] = {0, 1, 2, 3};
+    llmdd_cache_index idx = {PEER, id, 0};
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+        llmdd__shm_stats_get(&a);
+        for (int i = 0; i < 2; i++) {
+            memset((void *)(uintptr_t)c.tensor_addrs[0], 0, size);
+            memset((void *)(uintptr_t)c.tensor_addrs[1], 0, size);
+            assert_int_equal(
+                llmdd_pull_kv_blocks(dd, &idx, &c, all, all, 4, NULL),
+                LLM_SUCCESS);
+            for (uint32_t t = 0; t < 2; t++)
+                assert_int_equal(
+                    th_check_buf((uint8_t *)(uintptr_t)c.tensor_addrs[t], size,
+                                 61, t),
+                    -1);
+        }
+        th_fill(&c, 62 + (uint32_t)round);
+        assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                         LLM_SUCCESS);
+        snprintf(cmd, sizeof(cmd), "check %lld %d", (long long)id, 62 + round);
+        assert_int_equal(th_proc_cmd(&p, cmd, reply, sizeof(reply)), 0);
+        llmdd__shm_stats_get(&b);
+        assert_int_equal(b.memfd_xfers - a.memfd_xfers, 3);
+        assert_int_equal(b.copy_split - a.copy_split, 3);
+        assert_int_equal(b.assisted - a.assisted, 3);
+        /* The owner's bytes back to seed 61 for the next round's pulls. */
+        th_fill(&c, 61);
+        assert_int_equal(llmdd_push_kv_blocks(dd, &c, &idx, all, all, 4, NULL),
+                         LLM_SUCCESS);
+        assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
+        llmdd_finalize(dd);
+        assert_int_equal(llmdd_initialize(dd, o, 2), LLM_SUCCESS);
+    }
     llmdd_destroy(dd);
     th_proc_stop(&p);
 }
@@ -700,6 +767,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_push_visible_to_owner),
         cmocka_unit_test(test_registered_uses_cma),
         cmocka_unit_test(test_registered_large_split),
+        cmocka_unit_test(test_memfd_split_on_assist),
         cmocka_unit_test(test_pool_reuse_proc),
         cmocka_unit_test(test_pool_reuse_inproc),
         cmocka_unit_test(test_unlink_then_dealloc),
