@@ -55,10 +55,8 @@
  * them (a few ms each at memory speed). */
 #define SHM_COPY_PIECE (4u << 20)
 /* CMA, and copies through a mapping of two tensors or more, over two
- * threads from here (the instance's assist thread when it is free) ... */
+ * threads from here when the instance's assist thread is free */
 #define SHM_SPLIT_BYTES (4u << 20)
-/* ... and on a thread started for the copy from here when it is not */
-#define SHM_SPAWN_SPLIT_BYTES (16u << 20)
 #define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
 #define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */
 #define SHM_STALE_S 60    /* a socket file this old has lost its link */

@@ -6,7 +6,7 @@
 #include "transport/shm/shm_int.h"
 
 static atomic_uint_fast64_t stat_memfd, stat_cma, stat_cma_split,
-    stat_copy_split, stat_assisted, stat_stream, stat_refused;
+    stat_copy_split, stat_stream, stat_refused;
 
 void
 llmdd__shm_stats_get(llmdd__shm_stats *out)
@@ -15,7 +15,6 @@ llmdd__shm_stats_get(llmdd__shm_stats *out)
     out->cma_xfers = atomic_load(&stat_cma);
     out->cma_split = atomic_load(&stat_cma_split);
     out->copy_split = atomic_load(&stat_copy_split);
-    out->assisted = atomic_load(&stat_assisted);
     out->stream_xfers = atomic_load(&stat_stream);
     out->cma_refused = atomic_load(&stat_refused);
 }
@@ -219,42 +218,13 @@ copy_half_main(void *p)
 }
 
 /*
- * Runs fn(arg) on a second thread while the caller works: the instance's
- * assist thread when it is free; else, for a copy large enough to pay for
- * one (SHM_SPAWN_SPLIT_BYTES), a thread of its own; else nowhere (false:
- * the caller does all the work). *spawned says which to wait for.
- */
-static bool
-shm_second(llmdd *dd, uint64_t bytes, void *(*fn)(void *), void *arg,
-           pthread_t *th, bool *spawned)
-{
-    *spawned = false;
-    if (llmdd__assist_post(dd, fn, arg)) {
-        atomic_fetch_add(&stat_assisted, 1);
-        return true;
-    }
-    if (bytes < SHM_SPAWN_SPLIT_BYTES || pthread_create(th, NULL, fn, arg) != 0)
-        return false;
-    *spawned = true;
-    return true;
-}
-
-static void
-shm_second_wait(llmdd *dd, pthread_t th, bool spawned)
-{
-    if (spawned)
-        pthread_join(th, NULL);
-    else
-        llmdd__assist_wait(dd);
-}
-
-/*
- * The whole copy. From SHM_SPLIT_BYTES on, with two tensors or more, a
- * second thread copies the second half of the tensors: a 64 MiB pull of 2
- * tensors went from 8-10 to 9-15 GB/s, a head slice of 256-byte elements
- * from 3.2 to 4.5-5.9 (BENCHMARKS.md, KV layouts), a 4 MiB layer pushed
- * alone from 0.36-0.41 to 0.3 ms. Both halves have ended, their stores
- * fenced, when this returns.
+ * The whole copy. From SHM_SPLIT_BYTES on, with two tensors or more, the
+ * instance's assist thread copies the second half of the tensors: a 64 MiB
+ * pull of 2 tensors went from 8-10 to 9-15 GB/s, a head slice of 256-byte
+ * elements from 3.2 to 4.5-5.9, a 4 MiB layer pushed alone from 0.36-0.41
+ * to 0.3 ms (BENCHMARKS.md). When another transfer holds the assist thread,
+ * this one copies alone: the transfers beside it already share the cores.
+ * Both halves have ended, their stores fenced, when this returns.
  */
 static bool
 shm_copy(llmdd *dd, const shm_entry *e, const llmdd__xfer *x)
@@ -264,16 +234,13 @@ shm_copy(llmdd *dd, const shm_entry *e, const llmdd__xfer *x)
                    .t0 = x->count / 2,
                    .t1 = x->count,
                    .cancel = x->cancel};
-    uint64_t bytes = llmdd__xfer_bytes(x);
-    pthread_t th;
-    bool spawned;
 
-    if (x->count < 2 || bytes < SHM_SPLIT_BYTES ||
-        !shm_second(dd, bytes, copy_half_main, &h, &th, &spawned))
+    if (x->count < 2 || llmdd__xfer_bytes(x) < SHM_SPLIT_BYTES ||
+        !llmdd__assist_post(dd, copy_half_main, &h))
         return shm_copy_tensors(e, x, 0, x->count);
     atomic_fetch_add(&stat_copy_split, 1);
     bool ok = shm_copy_tensors(e, x, 0, h.t0);
-    shm_second_wait(dd, th, spawned);
+    llmdd__assist_wait(dd);
     return ok && h.ok;
 }
 
@@ -381,7 +348,8 @@ cma_half_main(void *p)
 }
 
 /*
- * The whole transfer. From SHM_SPLIT_BYTES on, a second thread moves
+ * The whole transfer. From SHM_SPLIT_BYTES on, the assist thread (when
+ * free, as for shm_copy) moves
  * the second half: one thread's cross-memory copy (page pinning plus copy
  * in the kernel) reaches about half of memcpy, two about 0.9x
  * (BENCHMARKS.md). The first failure decides; both halves have ended when
@@ -394,17 +362,15 @@ shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
     uint64_t total = llmdd__xfer_bytes(x);
     cma_pos start = {0, 0, 0};
     cma_half h = {.sl = sl, .e = e, .x = x, .pos = start, .cancel = x->cancel};
-    pthread_t th;
-    bool spawned;
 
     if (total < SHM_SPLIT_BYTES)
         return shm_cma(sl, e, x, start, total, err);
     h.len = total / 2;
     cma_advance(x, &h.pos, total - h.len);
-    if (!shm_second(sl->link->dd, total, cma_half_main, &h, &th, &spawned))
+    if (!llmdd__assist_post(sl->link->dd, cma_half_main, &h))
         return shm_cma(sl, e, x, start, total, err);
     int rc = shm_cma(sl, e, x, start, total - h.len, err);
-    shm_second_wait(sl->link->dd, th, spawned);
+    llmdd__assist_wait(sl->link->dd);
     atomic_fetch_add(&stat_cma_split, 1);
     if (rc == 0 && h.rc != 0) {
         rc = h.rc;
