@@ -173,34 +173,39 @@ llmdd__plan2_free(llmdd__plan2 *p)
     p->n = p->cap = 0;
 }
 
-/* Merges r into the last run when it continues it; else appends. */
+/*
+ * Merges the run (so, dof, len, count, sst, dst) into the last one when it
+ * continues it; else appends. Scalars, not a run by value: a struct built
+ * on the stack and read back in 16-byte loads stalls on store forwarding,
+ * which was half of the planner's time.
+ */
 static int
-plan_push(llmdd__plan2 *p, llmdd__run2 r)
+plan_push(llmdd__plan2 *p, uint64_t so, uint64_t dof, uint64_t len,
+          uint64_t count, uint64_t sst, uint64_t dst)
 {
     if (p->n > 0) {
         llmdd__run2 *l = &p->runs[p->n - 1];
-        if (l->count == 1 && r.count == 1 && r.src_off == l->src_off + l->len &&
-            r.dst_off == l->dst_off + l->len) {
-            l->len += r.len; /* contiguous on both sides */
+        if (l->count == 1 && count == 1 && so == l->src_off + l->len &&
+            dof == l->dst_off + l->len) {
+            l->len += len; /* contiguous on both sides */
             return 0;
         }
-        if (l->len == r.len) {
-            if (l->count == 1 && r.src_off >= l->src_off &&
-                r.dst_off >= l->dst_off + l->len &&
-                (r.count == 1 ||
-                 (r.src_off - l->src_off == r.src_stride &&
-                  r.dst_off - l->dst_off == r.dst_stride))) {
-                l->src_stride = r.src_off - l->src_off;
-                l->dst_stride = r.dst_off - l->dst_off;
-                l->count += r.count;
+        if (l->len == len) {
+            if (l->count == 1 && so >= l->src_off &&
+                dof >= l->dst_off + l->len &&
+                (count == 1 ||
+                 (so - l->src_off == sst && dof - l->dst_off == dst))) {
+                l->src_stride = so - l->src_off;
+                l->dst_stride = dof - l->dst_off;
+                l->count += count;
                 return 0;
             }
             if (l->count > 1 &&
-                (r.count == 1 || (r.src_stride == l->src_stride &&
-                                  r.dst_stride == l->dst_stride)) &&
-                r.src_off == l->src_off + l->count * l->src_stride &&
-                r.dst_off == l->dst_off + l->count * l->dst_stride) {
-                l->count += r.count;
+                (count == 1 ||
+                 (sst == l->src_stride && dst == l->dst_stride)) &&
+                so == l->src_off + l->count * l->src_stride &&
+                dof == l->dst_off + l->count * l->dst_stride) {
+                l->count += count;
                 return 0;
             }
         }
@@ -213,47 +218,74 @@ plan_push(llmdd__plan2 *p, llmdd__run2 r)
         p->runs = n;
         p->cap = cap;
     }
-    if (r.count == 1)
-        r.src_stride = r.dst_stride = 0;
-    p->runs[p->n++] = r;
+    llmdd__run2 *r = &p->runs[p->n++];
+    r->src_off = so;
+    r->dst_off = dof;
+    r->len = len;
+    r->count = count;
+    r->src_stride = count == 1 ? 0 : sst;
+    r->dst_stride = count == 1 ? 0 : dst;
     return 0;
 }
 
+/*
+ * The dims of a box: count, source and destination stride each, as three
+ * arrays rather than an array of structs, so that moving a dim is three
+ * 8-byte copies of values just stored as such (a struct copy's 16-byte
+ * loads stall on them).
+ */
 typedef struct {
-    uint64_t n, ss, ds;
-} box_dim;
+    uint64_t n[4], ss[4], ds[4];
+    int nd;
+} box_dims;
+
+static void
+box_add(box_dims *b, uint64_t n, uint64_t ss, uint64_t ds)
+{
+    if (n > 1) {
+        b->n[b->nd] = n;
+        b->ss[b->nd] = ss;
+        b->ds[b->nd] = ds;
+        b->nd++;
+    }
+}
+
+/* Dim i takes dim j's place. */
+static void
+box_move(box_dims *b, int i, int j)
+{
+    b->n[i] = b->n[j];
+    b->ss[i] = b->ss[j];
+    b->ds[i] = b->ds[j];
+}
 
 /*
- * A box of elements: base offsets, up to 4 dims, elements of len bytes.
- * Dims whose strides equal the element length on both sides fold into it,
- * and a dim that steps by a whole inner dim on both sides joins it (whole
- * blocks in a row after their tokens); the widest remaining dim becomes
- * the count of 2-D runs, the others are walked, outer (larger source
- * stride) first.
+ * A box of elements: base offsets, up to 4 dims (those of count 1 left
+ * out), elements of len bytes. Dims whose strides equal the element length
+ * on both sides fold into it, and a dim that steps by a whole inner dim on
+ * both sides joins it (whole blocks in a row after their tokens); the
+ * widest remaining dim becomes the count of 2-D runs, the others are
+ * walked, outer (larger source stride) first.
  */
 static int
 emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
-         box_dim *d, int nd)
+         box_dims *d)
 {
-    int k = 0;
-    for (int i = 0; i < nd; i++)
-        if (d[i].n > 1)
-            d[k++] = d[i];
-    nd = k;
+    int nd = d->nd;
     for (bool folded = true; folded;) {
         folded = false;
         for (int i = 0; i < nd && !folded; i++) {
-            if (d[i].ss == len && d[i].ds == len) {
-                len *= d[i].n;
-                d[i] = d[--nd];
+            if (d->ss[i] == len && d->ds[i] == len) {
+                len *= d->n[i];
+                box_move(d, i, --nd);
                 folded = true;
                 break;
             }
             for (int j = 0; j < nd; j++) {
-                if (j != i && d[i].ss == d[j].n * d[j].ss &&
-                    d[i].ds == d[j].n * d[j].ds) {
-                    d[j].n *= d[i].n;
-                    d[i] = d[--nd];
+                if (j != i && d->ss[i] == d->n[j] * d->ss[j] &&
+                    d->ds[i] == d->n[j] * d->ds[j]) {
+                    d->n[j] *= d->n[i];
+                    box_move(d, i, --nd);
                     folded = true;
                     break;
                 }
@@ -261,29 +293,34 @@ emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
         }
     }
     if (nd == 0)
-        return plan_push(p, (llmdd__run2){sbase, dbase, len, 1, 0, 0});
+        return plan_push(p, sbase, dbase, len, 1, 0, 0);
     int c = 0;
     for (int i = 1; i < nd; i++)
-        if (d[i].n > d[c].n)
+        if (d->n[i] > d->n[c])
             c = i;
-    box_dim cd = d[c];
-    d[c] = d[--nd];
+    uint64_t cn = d->n[c], css = d->ss[c], cds = d->ds[c];
+    box_move(d, c, --nd);
     /* The walked dims, outer first; absent ones walk once. */
     for (int i = 1; i < nd; i++)
-        for (int j = i; j > 0 && d[j].ss > d[j - 1].ss; j--) {
-            box_dim t = d[j];
-            d[j] = d[j - 1];
-            d[j - 1] = t;
+        for (int j = i; j > 0 && d->ss[j] > d->ss[j - 1]; j--) {
+            uint64_t n = d->n[j], ss = d->ss[j], ds = d->ds[j];
+            box_move(d, j, j - 1);
+            d->n[j - 1] = n;
+            d->ss[j - 1] = ss;
+            d->ds[j - 1] = ds;
         }
-    for (int i = nd; i < 3; i++)
-        d[i] = (box_dim){1, 0, 0};
-    for (uint64_t a = 0; a < d[0].n; a++)
-        for (uint64_t b = 0; b < d[1].n; b++)
-            for (uint64_t e = 0; e < d[2].n; e++) {
-                uint64_t so = sbase + a * d[0].ss + b * d[1].ss + e * d[2].ss;
-                uint64_t dof = dbase + a * d[0].ds + b * d[1].ds + e * d[2].ds;
-                if (plan_push(p, (llmdd__run2){so, dof, len, cd.n, cd.ss,
-                                               cd.ds}) != 0)
+    for (int i = nd; i < 3; i++) {
+        d->n[i] = 1;
+        d->ss[i] = d->ds[i] = 0;
+    }
+    for (uint64_t a = 0; a < d->n[0]; a++)
+        for (uint64_t b = 0; b < d->n[1]; b++)
+            for (uint64_t e = 0; e < d->n[2]; e++) {
+                uint64_t so =
+                    sbase + a * d->ss[0] + b * d->ss[1] + e * d->ss[2];
+                uint64_t dof =
+                    dbase + a * d->ds[0] + b * d->ds[1] + e * d->ds[2];
+                if (plan_push(p, so, dof, len, cn, css, cds) != 0)
                     return -1;
             }
     return 0;
@@ -328,15 +365,16 @@ llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
         uint64_t dbase =
             db[0] * dg.block + ds * dg.stride[LLMDD_KV_DIM_TOKEN] +
             (uint64_t)(h0 - dl->head_first) * dg.stride[LLMDD_KV_DIM_HEAD];
-        box_dim d[4] = {
-            {sl->num_parts, sg.stride[LLMDD_KV_DIM_PART],
-             dg.stride[LLMDD_KV_DIM_PART]},
-            {h1 - h0, sg.stride[LLMDD_KV_DIM_HEAD],
-             dg.stride[LLMDD_KV_DIM_HEAD]},
-            {L, sg.stride[LLMDD_KV_DIM_TOKEN], dg.stride[LLMDD_KV_DIM_TOKEN]},
-            {nb, sg.block, dg.block},
-        };
-        if (emit_box(p, sbase, dbase, sl->head_bytes, d, 4) != 0)
+        box_dims d;
+        d.nd = 0; /* no initializer: box_add writes what is read */
+        box_add(&d, sl->num_parts, sg.stride[LLMDD_KV_DIM_PART],
+                dg.stride[LLMDD_KV_DIM_PART]);
+        box_add(&d, h1 - h0, sg.stride[LLMDD_KV_DIM_HEAD],
+                dg.stride[LLMDD_KV_DIM_HEAD]);
+        box_add(&d, L, sg.stride[LLMDD_KV_DIM_TOKEN],
+                dg.stride[LLMDD_KV_DIM_TOKEN]);
+        box_add(&d, nb, sg.block, dg.block);
+        if (emit_box(p, sbase, dbase, sl->head_bytes, &d) != 0)
             return -1;
         t += L * nb;
     }
