@@ -13,8 +13,8 @@ from ._memory import U64_MAX, memory_of
 from ._status import Status, LlmddError, check
 from ._request import Request, _Completions
 from ._values import (Role, Placement, DataType, DTYPE_SIZE, CacheDesc, CacheIndex,
-                      ClusterInfo, _I32_MAX, _I64_MAX, _U32_MAX, _int, _u64, _u32, _bytes, _options,
-                      _ext_ref, _blocks, _index, _timeout, _ip_array, _role,
+                      ClusterInfo, _I32_MAX, _I64_MAX, _U32_MAX, _int, _u64, _u32, _bytes,
+                      _options, _ext_ref, _blocks, _index, _timeout, _ip_array, _role,
                       _size, _bad_cache)
 
 _fast = _ffi.speedups   # llmdd._speedups, or None: ctypes for every call

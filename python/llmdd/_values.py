@@ -234,7 +234,8 @@ CacheIndex.__doc__ = "Names a remote cache's batch slot: (cluster_id, cache_id, 
 def _index_ints(v):
     """(cluster_id, cache_id, batch_index) of a CacheIndex, or of a plain
     (cluster_id, cache_id[, batch_index]) tuple, whose fields are ints in
-    range, for llmdd._speedups; None otherwise (_index then decides)."""
+    range; None otherwise (_index then decides). Instance._fast_slot makes
+    the same checks inline, without a call."""
     t = type(v)
     if t is CacheIndex or (t is tuple and len(v) == 3):
         a, b, c = v
