@@ -219,11 +219,16 @@ sb_run_row(const sb_ctx *c, const sb_row *row, double *test_median)
         memcpy(rr, ratio, n * sizeof(double));
         qsort(rr, n, sizeof(double), sb_cmp);
         double bm = sb_median(base, c->rounds), tm = sb_median(test, c->rounds);
+        double bb = 0, tb = 0;
+        for (uint32_t i = 0; i < c->rounds; i++) {
+            bb = base[i] > bb ? base[i] : bb;
+            tb = test[i] > tb ? test[i] : tb;
+        }
         *test_median = tm;
-        printf("%-11s %9.1f MiB %7llu %9.2f %9.2f %6.2f  [%.2f .. %.2f]\n",
+        printf("%-11s %9.1f MiB %7llu %9.2f %9.2f %6.2f  [%.2f .. %.2f] %6.2f\n",
                row->name, 2.0 * (double)moved / (1 << 20),
                (unsigned long long)runs, bm, tm, sb_median(ratio, c->rounds),
-               rr[0], rr[n - 1]);
+               rr[0], rr[n - 1], tb / bb);
     } else {
         fprintf(stderr, "bench slices: %s: a pull failed\n", row->name);
     }
@@ -372,8 +377,8 @@ bench_slices(const bench_cfg *cfg)
            "tensor (2 tensors), baseline: a contiguous pull of the same "
            "bytes in the same run\n",
            cfg->lo.transport, c.rounds, (double)c.bytes / (1 << 20));
-    printf("%-11s %13s %7s %9s %9s %6s  %s\n", "row", "bytes", "runs",
-           "base GB/s", "test GB/s", "ratio", "[min .. max ratio]");
+    printf("%-11s %13s %7s %9s %9s %6s  %s %6s\n", "row", "bytes", "runs",
+           "base GB/s", "test GB/s", "ratio", "[min .. max ratio]", "best");
     sb_row rows[SROW_N];
     memset(rows, 0, sizeof(rows));
     rows[SROW_HND] = (sb_row){.name = bench_slice_rows[SROW_HND],
