@@ -5,7 +5,8 @@
  * the chosen transport (tcp unless -t; shm, ucx). Each row alternates the
  * baseline and the slice pull --rounds times (default 5) and reports the
  * median GB/s of each, the median ratio and the spread of the per-round
- * ratios. Rows:
+ * ratios, and (best) the best round's test GB/s over the best round's
+ * baseline. Rows:
  *   heads-hnd   half the heads of an HND cache, 4 KiB elements
  *   heads-nhd   half the heads of an NHD cache, 256-byte elements
  *   remap16-64  all heads, HND block 16 -> HND block 64
