@@ -1,7 +1,8 @@
 """What the Python binding adds to a pull: Python against C, in one run.
 
     PYTHONPATH=python /usr/bin/python3 tests/python/bench_overhead.py \
-        [--transport tcp] [--iters 20000] [--rounds 3] [--large-size 256M]
+        [--transport tcp] [--iters 20000] [--rounds 3] [--large-size 256M] \
+        [--loop uvloop]
 
 One prompt process allocates two caches: 1024 slots of 4 KiB (one tensor)
 and one slot of --large-size. Then, --rounds times, alternately:
@@ -17,10 +18,11 @@ and one slot of --large-size. Then, --rounds times, alternately:
   slot with dd.pull_cache into a registered numpy array.
 Every call names its CacheIndex afresh, as an engine would. Prints each
 round's p50 per call (us) and large-pull GB/s with the ratios Python / C,
-then asyncio's own cost without llmdd (a byte echoed by a child process,
-waited for by a blocking recv and by an awaited future settled from
-loop.add_reader: what an `await` adds on CPython's default loop), then the
-medians over rounds.
+then the event loop's own cost without llmdd (a byte echoed by a child
+process, waited for by a blocking recv and by an awaited future settled
+from loop.add_reader: what an `await` adds on that loop), then the medians
+over rounds. --loop uvloop runs the awaits on uvloop (Debian's
+python3-uvloop, which llmdd does not need) instead of CPython's default.
 """
 
 import argparse
@@ -171,10 +173,19 @@ def main():
     ap.add_argument("--large-iters", type=int, default=8)
     ap.add_argument("--c-bench", default=os.path.join(REPO, "build", "tests", "python",
                                                       "bench_calls"))
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                    help="the event loop of the await rows and the floor (uvloop: "
+                         "Debian's python3-uvloop, not a dependency of llmdd)")
     ap.add_argument("--prompt", type=int)
     a = ap.parse_args()
     if a.prompt:
         return prompt(a.prompt, a.block_size, a.large_size, a.transport)
+    if a.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            ap.error("--loop uvloop: install Debian's python3-uvloop")
+        uvloop.install()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -215,7 +226,7 @@ def main():
               f"{r['posted']:5.2f} | {c['posted_fd']:11.1f} | {py['await']:8.1f} "
               f"{r['await']:5.2f} | {c['large']:6.2f} | {py['large']:7.2f} {r['large']:5.2f}")
     blk, aw = asyncio_floor(min(a.iters, 10000))
-    print(f"asyncio's own cost, without llmdd (a byte echoed by a child process, p50): "
+    print(f"{a.loop}'s own cost, without llmdd (a byte echoed by a child process, p50): "
           f"blocking recv {blk:.1f} us, awaited through loop.add_reader {aw:.1f} us "
           f"(+{aw - blk:.1f} us)")
     med = lambda k: statistics.median(ratios[k])  # noqa: E731
