@@ -427,11 +427,21 @@ class Instance:
             raise LlmddError(st, name)
 
     def _post_fast(self, f, keep, push):
-        st, req = self._call(_fast.post, *f, self._plain_opts_addr, push)
+        # _call's gate, inline, as in _fast_sync.
+        inflight = self._inflight
+        inflight.append(None)
+        try:
+            if self._dd is None or self._gate:
+                raise LlmddError(Status.LLM_FAILED, "instance is closed")
+            st, req = _fast.post(self._ddi, *f, self._plain_opts_addr, push)
+        finally:
+            inflight.pop()
+            if self._gate:
+                self._call_left()
         if st != 0:
             raise LlmddError(st, "llmdd_push_kv_cache_async" if push
                              else "llmdd_pull_kv_cache_async")
-        return Request(self, ctypes.c_void_p(req), (keep,))
+        return Request(self, req, (keep,))
 
     def _wait_posted(self, post_fn, args, keep, notify, timeout_ms):
         _timeout("timeout_ms", timeout_ms)     # checked before anything is posted

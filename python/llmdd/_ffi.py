@@ -304,7 +304,8 @@ def _load_speedups():
         return ctypes.cast(f, ctypes.c_void_p).value
     mod.bind(addr(lib.llmdd_pull_kv_cache), addr(lib.llmdd_push_kv_cache),
              addr(lib.llmdd_pull_kv_cache_async), addr(lib.llmdd_push_kv_cache_async),
-             addr(lib.llmdd_request_wait), addr(lib.llmdd_get_completions))
+             addr(lib.llmdd_request_wait), addr(lib.llmdd_get_completions),
+             addr(lib.llmdd_request_free))
     return mod
 
 

@@ -18,8 +18,9 @@ class Request:
 
     def __init__(self, instance, ptr, keep):
         self._instance = instance
-        self._ptr = ptr
-        self._key = ptr.value        # the address the completion queue names
+        self._ptr = ptr              # an int or a ctypes.c_void_p
+        # The address, as the completion queue names it.
+        self._key = ptr if type(ptr) is int else ptr.value
         self._keep = keep            # caches and arrays the transfer uses
         self._users = 0              # threads inside a call on _ptr
         self._lock = threading.Lock()
@@ -113,7 +114,10 @@ class Request:
                 self._idle = threading.Condition(self._lock)
                 while self._users:
                     self._idle.wait()
-        lib.llmdd_request_free(ptr)         # cancels first if in flight
+        if _fast is not None:               # cancels first if in flight
+            _fast.free(self._key)
+        else:
+            lib.llmdd_request_free(ptr)
         self._keep = None
         cq = self._instance._cq
         if cq is not None and self._key in cq._waiting:

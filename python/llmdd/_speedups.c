@@ -36,6 +36,7 @@ typedef llmdd_status (*push_async_fn)(llmdd *, const llmdd_cache *,
 typedef llmdd_status (*wait_fn)(llmdd_request *, int32_t);
 typedef llmdd_status (*completions_fn)(llmdd *, llmdd_request **, size_t,
                                        size_t *);
+typedef void (*free_fn)(llmdd_request *);
 
 static struct {
     pull_fn pull;
@@ -44,6 +45,7 @@ static struct {
     push_async_fn push_async;
     wait_fn wait;
     completions_fn completions;
+    free_fn free;
 } fns;
 
 #define COMPLETIONS_CAP 64
@@ -147,16 +149,16 @@ parse_slot(PyObject *const *args, slot_args *a)
     return 0;
 }
 
-/* bind(pull, push, pull_async, push_async, wait, get_completions): the
- * library's functions' addresses. */
+/* bind(pull, push, pull_async, push_async, wait, get_completions,
+ * request_free): the library's functions' addresses. */
 static PyObject *
 sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
-    uint64_t a[6];
+    uint64_t a[7];
     (void)self;
-    if (nargs_is(n, 6, "bind") != 0)
+    if (nargs_is(n, 7, "bind") != 0)
         return NULL;
-    for (Py_ssize_t k = 0; k < 6; k++) {
+    for (Py_ssize_t k = 0; k < 7; k++) {
         if (arg_u64(args, k, &a[k]) != 0)
             return NULL;
         if (a[k] == 0) {
@@ -170,6 +172,7 @@ sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t n)
     fns.push_async = (push_async_fn)(uintptr_t)a[3];
     fns.wait = (wait_fn)(uintptr_t)a[4];
     fns.completions = (completions_fn)(uintptr_t)a[5];
+    fns.free = (free_fn)(uintptr_t)a[6];
     Py_RETURN_NONE;
 }
 
@@ -265,6 +268,22 @@ sp_wait(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return PyLong_FromUnsignedLong(st);
 }
 
+/* free(request): llmdd_request_free (which cancels one in flight and waits
+ * for it to stop moving: the GIL is released). */
+static PyObject *
+sp_free(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    uint64_t req;
+    (void)self;
+    if (nargs_is(n, 1, "free") != 0 || bound() != 0 ||
+        arg_u64(args, 0, &req) != 0)
+        return NULL;
+    PyThreadState *ts = PyEval_SaveThread();
+    fns.free((llmdd_request *)(uintptr_t)req);
+    PyEval_RestoreThread(ts);
+    Py_RETURN_NONE;
+}
+
 /* completions(dd) -> (status, [request, ...]): llmdd_get_completions, up
  * to 64 at a time. */
 static PyObject *
@@ -304,6 +323,7 @@ static PyMethodDef sp_methods[] = {
      NULL},
     {"post", (PyCFunction)(void (*)(void))sp_post, METH_FASTCALL, NULL},
     {"wait", (PyCFunction)(void (*)(void))sp_wait, METH_FASTCALL, NULL},
+    {"free", (PyCFunction)(void (*)(void))sp_free, METH_FASTCALL, NULL},
     {"completions", (PyCFunction)(void (*)(void))sp_completions, METH_FASTCALL,
      NULL},
     {NULL, NULL, 0, NULL},
