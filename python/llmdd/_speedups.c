@@ -61,26 +61,6 @@ arg_u64(PyObject *const *args, Py_ssize_t k, uint64_t *out)
     return 0;
 }
 
-/* Argument k as a pointer: an int, or a ctypes.c_void_p (its .value; None
- * is NULL), as the package holds its instance. */
-static int
-arg_ptr(PyObject *const *args, Py_ssize_t k, uint64_t *out)
-{
-    if (PyLong_Check(args[k]))
-        return arg_u64(args, k, out);
-    PyObject *v = PyObject_GetAttrString(args[k], "value");
-    if (v == NULL)
-        return -1;
-    int rc = 0;
-    if (v == Py_None) {
-        *out = 0;
-    } else {
-        rc = arg_u64(&v, 0, out);
-    }
-    Py_DECREF(v);
-    return rc;
-}
-
 static int
 arg_i64(PyObject *const *args, Py_ssize_t k, int64_t *out)
 {
@@ -139,7 +119,7 @@ typedef struct {
 static int
 parse_slot(PyObject *const *args, slot_args *a)
 {
-    if (arg_ptr(args, 0, &a->dd) != 0 ||
+    if (arg_u64(args, 0, &a->dd) != 0 ||
         arg_u64(args, 1, &a->idx.cluster_id) != 0 ||
         arg_i64(args, 2, &a->idx.cache_id) != 0 ||
         arg_u32(args, 3, &a->idx.batch_index) != 0 ||
@@ -295,7 +275,7 @@ sp_completions(PyObject *self, PyObject *const *args, Py_ssize_t n)
     llmdd_status st;
     (void)self;
     if (nargs_is(n, 1, "completions") != 0 || bound() != 0 ||
-        arg_ptr(args, 0, &dd) != 0)
+        arg_u64(args, 0, &dd) != 0)
         return NULL;
     st = fns.completions((llmdd *)(uintptr_t)dd, out, COMPLETIONS_CAP, &got);
     if (st != LLM_SUCCESS || got > COMPLETIONS_CAP)
