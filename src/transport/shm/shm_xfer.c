@@ -222,9 +222,9 @@ copy_half_main(void *p)
  * instance's assist thread copies the second half of the tensors: a 64 MiB
  * pull of 2 tensors went from 8-10 to 9-15 GB/s, a head slice of 256-byte
  * elements from 3.2 to 4.5-5.9, a 4 MiB layer pushed alone from 0.36-0.41
- * to 0.27-0.34 ms (BENCHMARKS.md). When another transfer holds the assist thread,
- * this one copies alone: the transfers beside it already share the cores.
- * Both halves have ended, their stores fenced, when this returns.
+ * to 0.27-0.34 ms (BENCHMARKS.md). When another transfer holds the assist
+ * thread, this one copies alone: the transfers beside it already share the
+ * cores. Both halves have ended, their stores fenced, when this returns.
  */
 static bool
 shm_copy(llmdd *dd, const shm_entry *e, const llmdd__xfer *x)
@@ -351,8 +351,8 @@ cma_half_main(void *p)
  * The whole transfer. From SHM_SPLIT_BYTES on, the assist thread (when
  * free, as for shm_copy) moves the second half: one thread's cross-memory
  * copy (page pinning plus copy in the kernel) reaches about half of
- * memcpy, two about 0.9x (BENCHMARKS.md). The first failure decides; both halves have ended when
- * this returns, so nothing moves after it.
+ * memcpy, two about 0.9x (BENCHMARKS.md). The first failure decides; both
+ * halves have ended when this returns, so nothing moves after it.
  */
 static int
 shm_cma_xfer(shm_link *sl, const shm_entry *e, const llmdd__xfer *x,
