@@ -108,4 +108,12 @@ int llmdd__copy_isa(void);
  */
 void llmdd__copy_stream(void *dst, const void *src, size_t len, int isa);
 
+/*
+ * len bytes, whole lines (len a multiple of 64, dst 64-byte aligned), with
+ * non-temporal stores as two streams of lines, one from each end, that
+ * meet in the middle (llmdd__copy_2d's elements with skipped bytes after
+ * them); isa as for llmdd__copy_stream; not fenced.
+ */
+void llmdd__copy_converge(void *dst, const void *src, size_t len, int isa);
+
 #endif

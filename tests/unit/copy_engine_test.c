@@ -101,6 +101,35 @@ test_stream_alignments(void **state)
 }
 
 /*
+ * Whole lines from both ends inwards, with every instruction set this CPU
+ * has: odd and even line counts (the middle line alone), sources on and
+ * off a line; every byte lands and nothing around it is written.
+ */
+static void
+test_converge(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {64, 128, 192, 2048, 2112, 4096, 4160};
+    const size_t cap = 4160;
+    uint8_t *src = alloc64(cap + 64);
+    uint8_t *dst = guarded(cap);
+
+    assert_non_null(src);
+    fill(src, cap + 64, 3);
+    for (int isa = LLMDD__COPY_PORTABLE; isa <= llmdd__copy_isa(); isa++) {
+        for (size_t sa = 0; sa < 64; sa += 7) {
+            for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+                llmdd__copy_converge(dst + GUARD, src + sa, lens[k], isa);
+                check(dst, cap, 0, src + sa, lens[k]);
+                memset(dst + GUARD, GUARD_BYTE, lens[k]);
+            }
+        }
+    }
+    free(src);
+    free(dst);
+}
+
+/*
  * Batches below, at and above the thresholds (LLMDD__COPY_NT_BATCH; from
  * LLMDD__COPY_NT_SPAN_BATCH up, a destination of LLMDD__COPY_NT_SPAN), with
  * their runs around them and around the shortest streamed run, at a few
@@ -254,10 +283,11 @@ test_copy_2d(void **state)
     (void)state;
     const struct {
         size_t len, count, ss, ds;
-    } cases[] = {
-        {1, 1, 0, 0},        {100, 50, 300, 100},  {256, 64, 512, 256},
-        {511, 9, 511, 1024}, {512, 9, 1024, 512},  {4096, 5, 8192, 4096},
-        {64, 40, 64, 64},    {256, 100, 512, 320}, {128, 33, 200, 128}};
+    } cases[] = {{1, 1, 0, 0},        {100, 50, 300, 100},
+                 {256, 64, 512, 256}, {511, 9, 511, 1024},
+                 {512, 9, 1024, 512}, {4096, 5, 8192, 4096},
+                 {64, 40, 64, 64},    {256, 100, 512, 320},
+                 {128, 33, 200, 128}, {2112, 7, 4224, 2112}};
     const size_t cap = 1u << 16;
     uint8_t *src = malloc(cap), *dst = guarded(cap), *ref = guarded(cap);
 
@@ -341,6 +371,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_batch_thresholds),
         cmocka_unit_test(test_batch_runs),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_converge),
         cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_adjacent_streams),
     };
