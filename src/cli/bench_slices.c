@@ -10,7 +10,9 @@
  *   heads-hnd   half the heads of an HND cache, 4 KiB elements
  *   heads-nhd   half the heads of an NHD cache, 256-byte elements
  *   remap16-64  all heads, HND block 16 -> HND block 64
- *   4-sources   8 heads from 4 sources (2 each) vs one source holding all
+ *   4-sources   8 heads from 4 sources (2 each); each round also pulls
+ *               its reference, 1-source (the same 8 heads from one
+ *               source), and the row's ratio to it is taken per round
  *   heads-perm  heads-hnd into a permuted decoder table
  * then the planner alone: ns per 2-D run (llmdd_kv_slice_plan_size), and
  * Llama-3-70B's plan (80 layers, 8 KV heads, 8,192 tokens, block 16,
@@ -116,12 +118,130 @@ sb_wait(llmdd_status st, llmdd_request **req)
     return st;
 }
 
-static bool
-sb_run_row(const sb_ctx *c, const sb_row *row, double *test_median)
+/* A row's caches, tables and slices, allocated for `tokens` tokens. */
+typedef struct {
+    llmdd_cache dc, sc[SB_SRCS];
+    bool have_dc, have_sc[SB_SRCS];
+    uint64_t *dtab, *stab[SB_SRCS];
+    llmdd_kv_slice sl[SB_SRCS];
+    llmdd_cache_index si[SB_SRCS];
+    uint64_t runs, moved; /* 2-D runs and bytes per tensor, all sources */
+} sb_set;
+
+static void
+sb_set_free(const sb_ctx *c, const sb_row *row, sb_set *x)
 {
-    uint64_t moved = 0, runs = 0;
-    uint64_t dbb = (uint64_t)row->dl.block_size * row->dl.num_heads *
-                   row->dl.head_bytes;
+    for (uint32_t i = 0; i < row->nsrc; i++) {
+        if (x->have_sc[i])
+            llmdd_deallocate_cache(c->src[i], x->sc[i].cache_id);
+        free(x->stab[i]);
+    }
+    if (x->have_dc)
+        llmdd_deallocate_cache(c->dec, x->dc.cache_id);
+    free(x->dtab);
+}
+
+static bool
+sb_set_new(const sb_ctx *c, const sb_row *row, uint64_t tokens, sb_set *x)
+{
+    memset(x, 0, sizeof(*x));
+    uint64_t dbb =
+        (uint64_t)row->dl.block_size * row->dl.num_heads * row->dl.head_bytes;
+    uint64_t dblocks = tokens / row->dl.block_size;
+    llmdd_cache_desc dd = sb_desc(dblocks, dbb);
+    x->dtab = malloc(dblocks * sizeof(*x->dtab));
+    if (x->dtab == NULL || llmdd_allocate_cache_layout(c->dec, &dd, &row->dl,
+                                                       &x->dc) != LLM_SUCCESS) {
+        fprintf(stderr, "bench slices: cannot allocate the decoder cache\n");
+        sb_set_free(c, row, x);
+        return false;
+    }
+    x->have_dc = true;
+    for (uint64_t b = 0; b < dblocks; b++)
+        x->dtab[b] = b;
+    for (uint64_t b = dblocks; row->shuffled && b > 1; b--) {
+        uint64_t j = ((b * 2654435761u) >> 11) % b, t = x->dtab[b - 1];
+        x->dtab[b - 1] = x->dtab[j];
+        x->dtab[j] = t;
+    }
+    for (uint32_t i = 0; i < row->nsrc; i++) {
+        const llmdd_kv_layout *l = &row->sl[i];
+        uint64_t nb = tokens / l->block_size;
+        llmdd_cache_desc d =
+            sb_desc(nb, (uint64_t)l->block_size * l->num_heads * l->head_bytes);
+        x->stab[i] = malloc(nb * sizeof(**x->stab));
+        if (x->stab[i] == NULL ||
+            llmdd_allocate_cache_layout(c->src[i], &d, l, &x->sc[i]) !=
+                LLM_SUCCESS) {
+            fprintf(stderr, "bench slices: cannot allocate a source cache\n");
+            sb_set_free(c, row, x);
+            return false;
+        }
+        x->have_sc[i] = true;
+        for (uint64_t b = 0; b < nb; b++)
+            x->stab[i][b] = b;
+        for (uint32_t t = 0; t < 2; t++)
+            memset((void *)(uintptr_t)x->sc[i].tensor_addrs[t],
+                   0x11 * (int)(i + 1), (size_t)(nb * d.shape[1]));
+        x->sl[i] = (llmdd_kv_slice){.src = {x->stab[i], nb, 0},
+                                    .dst = {x->dtab, dblocks, 0},
+                                    .token_begin = 0,
+                                    .token_end = tokens,
+                                    .head_begin = row->h0[i],
+                                    .head_end = row->h1[i],
+                                    .ext = LLMDD_KV_EXT_PARAM_DEFAULT};
+        x->si[i] = (llmdd_cache_index){(uint64_t)i + 1, x->sc[i].cache_id, 0};
+        uint64_t r = 0, by = 0;
+        (void)llmdd_kv_slice_plan_size(l, &row->dl, &x->sl[i], &r, &by);
+        x->runs += r;
+        x->moved += by;
+    }
+    return true;
+}
+
+/* One slice pull of x, timed: GB/s of 2 tensors of `moved` bytes, or a
+ * negative value when it failed. */
+static double
+sb_pull(const sb_ctx *c, const sb_row *row, sb_set *x, uint64_t moved)
+{
+    llmdd_request *req = NULL;
+    double t0 = sb_now();
+    llmdd_status st = llmdd_pull_kv_slices_async(c->dec, x->si, x->sl,
+                                                 row->nsrc, &x->dc, NULL, &req);
+    if (sb_wait(st, &req) != LLM_SUCCESS)
+        return -1;
+    return 2.0 * (double)moved / (sb_now() - t0) / 1e9;
+}
+
+static void
+sb_print(const char *name, uint64_t moved, uint64_t runs, double *base,
+         double *test, double *ratio, uint32_t n)
+{
+    double rr[64];
+    uint32_t m = n < 64 ? n : 64;
+    memcpy(rr, ratio, m * sizeof(double));
+    qsort(rr, m, sizeof(double), sb_cmp);
+    double bb = 0, tb = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        bb = base[i] > bb ? base[i] : bb;
+        tb = test[i] > tb ? test[i] : tb;
+    }
+    double bm = sb_median(base, n), tm = sb_median(test, n);
+    printf("%-11s %9.1f MiB %7llu %9.2f %9.2f %6.2f  [%.2f .. %.2f] %6.2f\n",
+           name, 2.0 * (double)moved / (1 << 20), (unsigned long long)runs, bm,
+           tm, sb_median(ratio, n), rr[0], rr[m - 1], tb / bb);
+}
+
+/*
+ * One row: each round pulls the baseline (one contiguous slot of the same
+ * bytes from source 1), then the row's slices, then, with ref, the
+ * reference row's slices (the same bytes); prints the row against the
+ * baseline and, with ref, the reference against it and the row against
+ * the reference, each ratio taken per round.
+ */
+static bool
+sb_run_row(const sb_ctx *c, const sb_row *row, const sb_row *ref)
+{
     /* Tokens so that the slices move c->bytes per tensor. */
     uint64_t per_tok = 0;
     for (uint32_t i = 0; i < row->nsrc; i++)
@@ -133,117 +253,71 @@ sb_run_row(const sb_ctx *c, const sb_row *row, double *test_median)
     uint64_t tokens = c->bytes / per_tok / lcm * lcm;
     if (tokens == 0)
         tokens = lcm;
-    uint64_t dblocks = tokens / row->dl.block_size;
-    llmdd_cache dc, sc[SB_SRCS], bdc, bsc;
-    llmdd_cache_desc dd = sb_desc(dblocks, dbb);
-    llmdd_kv_slice sl[SB_SRCS];
-    llmdd_cache_index si[SB_SRCS];
-    uint64_t *dtab = malloc(dblocks * sizeof(*dtab)), *stab[SB_SRCS] = {0};
-    if (dtab == NULL ||
-        llmdd_allocate_cache_layout(c->dec, &dd, &row->dl, &dc) != LLM_SUCCESS) {
-        fprintf(stderr, "bench slices: cannot allocate the decoder cache\n");
-        free(dtab);
+    sb_set ts, rs;
+    if (!sb_set_new(c, row, tokens, &ts))
+        return false;
+    if (ref != NULL && !sb_set_new(c, ref, tokens, &rs)) {
+        sb_set_free(c, row, &ts);
         return false;
     }
-    for (uint64_t b = 0; b < dblocks; b++)
-        dtab[b] = b;
-    for (uint64_t b = dblocks; row->shuffled && b > 1; b--) {
-        uint64_t j = ((b * 2654435761u) >> 11) % b, t = dtab[b - 1];
-        dtab[b - 1] = dtab[j];
-        dtab[j] = t;
-    }
-    for (uint32_t i = 0; i < row->nsrc; i++) {
-        const llmdd_kv_layout *l = &row->sl[i];
-        uint64_t nb = tokens / l->block_size;
-        llmdd_cache_desc d =
-            sb_desc(nb, (uint64_t)l->block_size * l->num_heads * l->head_bytes);
-        stab[i] = malloc(nb * sizeof(**stab));
-        if (stab[i] == NULL ||
-            llmdd_allocate_cache_layout(c->src[i], &d, l, &sc[i]) !=
-                LLM_SUCCESS) {
-            fprintf(stderr, "bench slices: cannot allocate a source cache\n");
-            return false;
-        }
-        for (uint64_t b = 0; b < nb; b++)
-            stab[i][b] = b;
-        for (uint32_t t = 0; t < 2; t++)
-            memset((void *)(uintptr_t)sc[i].tensor_addrs[t], 0x11 * (int)(i + 1),
-                   (size_t)(nb * d.shape[1]));
-        sl[i] = (llmdd_kv_slice){.src = {stab[i], nb, 0},
-                                 .dst = {dtab, dblocks, 0},
-                                 .token_begin = 0,
-                                 .token_end = tokens,
-                                 .head_begin = row->h0[i],
-                                 .head_end = row->h1[i],
-                                 .ext = LLMDD_KV_EXT_PARAM_DEFAULT};
-        si[i] = (llmdd_cache_index){(uint64_t)i + 1, sc[i].cache_id, 0};
-        uint64_t r = 0, by = 0;
-        (void)llmdd_kv_slice_plan_size(l, &row->dl, &sl[i], &r, &by);
-        runs += r;
-        moved += by;
-    }
-    /* The baseline: one contiguous slot of the same bytes, source 1. */
+    uint64_t moved = ts.moved;
+    llmdd_cache bdc, bsc;
     llmdd_cache_desc bd = sb_desc(1, moved);
-    if (llmdd_allocate_cache(c->src[0], &bd, &bsc) != LLM_SUCCESS ||
-        llmdd_allocate_cache(c->dec, &bd, &bdc) != LLM_SUCCESS) {
+    bool have_bsc = llmdd_allocate_cache(c->src[0], &bd, &bsc) == LLM_SUCCESS;
+    bool have_bdc =
+        have_bsc && llmdd_allocate_cache(c->dec, &bd, &bdc) == LLM_SUCCESS;
+    bool ok = have_bdc;
+    if (!ok)
         fprintf(stderr, "bench slices: cannot allocate the baseline caches\n");
-        return false;
-    }
-    llmdd_cache_index bi = {1, bsc.cache_id, 0};
-    double *base = calloc(c->rounds, sizeof(double));
-    double *test = calloc(c->rounds, sizeof(double));
-    double *ratio = calloc(c->rounds, sizeof(double));
-    bool ok = base != NULL && test != NULL && ratio != NULL;
+    llmdd_cache_index bi = {1, have_bsc ? bsc.cache_id : 0, 0};
+    uint32_t n = c->rounds;
+    double *v = calloc(6 * (size_t)n, sizeof(double));
+    double *base = v, *test = v + n, *ratio = v + 2 * n, *rtest = v + 3 * n,
+           *rratio = v + 4 * n, *vs = v + 5 * n;
+    ok = ok && v != NULL;
     /* One warm-up of each, then alternate. */
-    for (int32_t r = -1; ok && r < (int32_t)c->rounds; r++) {
+    for (int32_t r = -1; ok && r < (int32_t)n; r++) {
         llmdd_request *req = NULL;
         double t0 = sb_now();
         llmdd_status st = llmdd_pull_kv_cache_async(c->dec, &bi, &bdc, 0, -1,
                                                     NULL, NULL, &req);
         ok = sb_wait(st, &req) == LLM_SUCCESS;
-        double t1 = sb_now();
-        if (ok) {
-            st = llmdd_pull_kv_slices_async(c->dec, si, sl, row->nsrc, &dc,
-                                            NULL, &req);
-            ok = sb_wait(st, &req) == LLM_SUCCESS;
-        }
-        double t2 = sb_now();
-        if (r >= 0) {
-            base[r] = 2.0 * (double)moved / (t1 - t0) / 1e9;
-            test[r] = 2.0 * (double)moved / (t2 - t1) / 1e9;
-            ratio[r] = test[r] / base[r];
+        double b = 2.0 * (double)moved / (sb_now() - t0) / 1e9;
+        double t = ok ? sb_pull(c, row, &ts, moved) : -1;
+        double q = ok && ref != NULL ? sb_pull(c, ref, &rs, moved) : 1;
+        ok = ok && t > 0 && q > 0;
+        if (ok && r >= 0) {
+            base[r] = b;
+            test[r] = t;
+            ratio[r] = t / b;
+            rtest[r] = q;
+            rratio[r] = q / b;
+            vs[r] = t / q;
         }
     }
     if (ok) {
-        double rr[64];
-        uint32_t n = c->rounds < 64 ? c->rounds : 64;
-        memcpy(rr, ratio, n * sizeof(double));
-        qsort(rr, n, sizeof(double), sb_cmp);
-        double bm = sb_median(base, c->rounds), tm = sb_median(test, c->rounds);
-        double bb = 0, tb = 0;
-        for (uint32_t i = 0; i < c->rounds; i++) {
-            bb = base[i] > bb ? base[i] : bb;
-            tb = test[i] > tb ? test[i] : tb;
+        sb_print(row->name, moved, ts.runs, base, test, ratio, n);
+        if (ref != NULL) {
+            sb_print(ref->name, moved, rs.runs, base, rtest, rratio, n);
+            double vv[64];
+            uint32_t m = n < 64 ? n : 64;
+            memcpy(vv, vs, m * sizeof(double));
+            qsort(vv, m, sizeof(double), sb_cmp);
+            printf("%s vs %s (same bytes, same layouts, in the same rounds): "
+                   "%.2f  [%.2f .. %.2f]\n",
+                   row->name, ref->name, sb_median(vs, n), vv[0], vv[m - 1]);
         }
-        *test_median = tm;
-        printf("%-11s %9.1f MiB %7llu %9.2f %9.2f %6.2f  [%.2f .. %.2f] %6.2f\n",
-               row->name, 2.0 * (double)moved / (1 << 20),
-               (unsigned long long)runs, bm, tm, sb_median(ratio, c->rounds),
-               rr[0], rr[n - 1], tb / bb);
     } else {
         fprintf(stderr, "bench slices: %s: a pull failed\n", row->name);
     }
-    free(base);
-    free(test);
-    free(ratio);
-    llmdd_deallocate_cache(c->src[0], bsc.cache_id);
-    llmdd_deallocate_cache(c->dec, bdc.cache_id);
-    for (uint32_t i = 0; i < row->nsrc; i++) {
-        llmdd_deallocate_cache(c->src[i], sc[i].cache_id);
-        free(stab[i]);
-    }
-    llmdd_deallocate_cache(c->dec, dc.cache_id);
-    free(dtab);
+    free(v);
+    if (have_bsc)
+        llmdd_deallocate_cache(c->src[0], bsc.cache_id);
+    if (have_bdc)
+        llmdd_deallocate_cache(c->dec, bdc.cache_id);
+    if (ref != NULL)
+        sb_set_free(c, ref, &rs);
+    sb_set_free(c, row, &ts);
     return ok;
 }
 
@@ -411,22 +485,16 @@ bench_slices(const bench_cfg *cfg)
         rows[SROW_4SRC].h0[i] = 2 * i;
         rows[SROW_4SRC].h1[i] = 2 * i + 2;
     }
-    bool ok = true;
-    double med[SROW_N] = {0}, one_med = 0;
-    for (int i = 0; i < SROW_N; i++)
-        if (cfg->row < 0 || cfg->row == i)
-            ok = sb_run_row(&c, &rows[i], &med[i]) && ok;
-    /* The 4-source row's baseline is one source moving the same bytes
-     * with the same layouts: heads 0..8 from source 1. */
+    /* The 4-source row's reference: one source moving the same bytes with
+     * the same layouts, heads 0..8 from source 1. */
     sb_row one = {.name = "1-source", .nsrc = 1,
                   .sl = {sb_layout(true, 16, 8, 0, 8, 128)},
                   .dl = sb_layout(true, 16, 8, 0, 8, 128),
                   .h0 = {0}, .h1 = {8}};
-    if (cfg->row < 0 || cfg->row == SROW_4SRC)
-        ok = sb_run_row(&c, &one, &one_med) && ok;
-    if (one_med > 0)
-        printf("4-sources vs 1-source (same bytes, same layouts): %.2f\n",
-               med[SROW_4SRC] / one_med);
+    bool ok = true;
+    for (int i = 0; i < SROW_N; i++)
+        if (cfg->row < 0 || cfg->row == i)
+            ok = sb_run_row(&c, &rows[i], i == SROW_4SRC ? &one : NULL) && ok;
     if (cfg->row < 0) {
         sb_floor(&c);
         sb_planner();

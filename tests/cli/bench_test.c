@@ -273,6 +273,27 @@ test_bench_slices_row(void **state)
     cu_result_free(&r);
 }
 
+/* The 4-source row pulls its 1-source reference in the same rounds and
+ * prints the two against each other. */
+static void
+test_bench_slices_sources(void **state)
+{
+    (void)state;
+    cu_result r =
+        cu_run(120, (const char *[]){"bench", "--op", "slices", "-t", "loop",
+                                     "--row", "4-sources", "--rounds", "2",
+                                     "--block-size", "1M", NULL});
+    if (r.code != 0)
+        cu_dump("bench --op slices --row 4-sources", &r);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "\n4-sources "));
+    assert_non_null(strstr(r.out, "\n1-source "));
+    assert_non_null(strstr(r.out, "\n4-sources vs 1-source (same bytes, same "
+                                  "layouts, in the same rounds): "));
+    assert_null(strstr(r.out, "\nheads-hnd "));
+    cu_result_free(&r);
+}
+
 static void
 test_bench_link(void **state)
 {
@@ -414,6 +435,7 @@ main(int argc, char **argv)
         cmocka_unit_test_teardown(test_bench_pull_blocks_inflight, teardown),
         cmocka_unit_test_teardown(test_bench_layerwise, teardown),
         cmocka_unit_test_teardown(test_bench_slices_row, teardown),
+        cmocka_unit_test_teardown(test_bench_slices_sources, teardown),
         cmocka_unit_test_teardown(test_bench_link, teardown),
         cmocka_unit_test_teardown(test_bench_register_auto, teardown),
         cmocka_unit_test_teardown(test_bench_rounds, teardown),
