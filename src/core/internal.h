@@ -180,8 +180,19 @@ typedef struct llmdd__linking {
  * A second copying thread, kept for the instance (util.c): a copy split over
  * two threads hands its second half here instead of starting a thread for it
  * (pthread_create and join cost 40 us on a 2-core VM, an eighth of a 4 MiB
- * copy). One job at a time; started on first use, stopped by finalize.
+ * copy). One posted job at a time; between them it takes pieces of the
+ * shared works (llmdd__share). Started on first use, stopped by finalize.
  */
+typedef struct llmdd__share llmdd__share;
+struct llmdd__share {
+    /* Moves one piece of the work: true, or false when none is left (then
+     * and from then on). Called by the assist thread, unlocked. */
+    bool (*piece)(llmdd__share *s);
+    llmdd__share *next;
+    uint32_t moving; /* pieces the assist thread is moving now */
+    bool empty;      /* piece() returned false */
+};
+
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -191,6 +202,7 @@ typedef struct {
     bool done; /* the taken job has ended */
     void *(*fn)(void *);
     void *arg;
+    llmdd__share *shares; /* listed works, oldest first */
 } llmdd__assist;
 
 struct llmdd {
@@ -278,6 +290,18 @@ void llmdd__assist_init(llmdd__assist *a);
 void llmdd__assist_fini(llmdd__assist *a);
 bool llmdd__assist_post(llmdd *dd, void *(*fn)(void *), void *arg);
 void llmdd__assist_wait(llmdd *dd);
+/*
+ * Shared work: from llmdd__share_begin (false when the thread is stopped or
+ * cannot start: the caller works alone) to llmdd__share_end, the assist
+ * thread, between posted jobs, moves pieces of the listed works, the
+ * oldest with pieces left first, so that a core that would idle at the
+ * end of one transfer moves another's (the legs of a request of several
+ * sources). llmdd__share_end unlists the work and returns once the
+ * thread moves no piece of it.
+ */
+bool llmdd__share_begin(llmdd *dd, llmdd__share *s,
+                        bool (*piece)(llmdd__share *));
+void llmdd__share_end(llmdd *dd, llmdd__share *s);
 void llmdd__assist_stop(llmdd *dd);
 
 /* LLM_SUCCESS when dd is initialized, else LLM_FAILED; takes dd->lock. */

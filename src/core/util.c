@@ -180,6 +180,16 @@ llmdd__assist_fini(llmdd__assist *a)
     pthread_mutex_destroy(&a->lock);
 }
 
+/* a->lock held: the oldest listed work with pieces left, or NULL. */
+static llmdd__share *
+share_next(llmdd__assist *a)
+{
+    for (llmdd__share *s = a->shares; s != NULL; s = s->next)
+        if (!s->empty)
+            return s;
+    return NULL;
+}
+
 static void *
 assist_main(void *p)
 {
@@ -187,23 +197,90 @@ assist_main(void *p)
 
     pthread_mutex_lock(&a->lock);
     for (;;) {
-        while (!a->stop && (a->fn == NULL))
+        llmdd__share *s = NULL;
+        while (a->fn == NULL && (s = share_next(a)) == NULL &&
+               !(a->stop && a->shares == NULL))
             pthread_cond_wait(&a->cond, &a->lock);
-        if (a->fn == NULL) /* stopped with no job left */
+        if (a->fn != NULL) {
+            void *(*fn)(void *) = a->fn;
+            void *arg = a->arg;
+            a->fn = NULL;
+            pthread_mutex_unlock(&a->lock);
+            fn(arg);
+            pthread_mutex_lock(&a->lock);
+            a->done = true;
+            pthread_cond_broadcast(&a->cond);
+            continue;
+        }
+        if (s == NULL) /* stopped, nothing posted or listed */
             break;
-        void *(*fn)(void *) = a->fn;
-        void *arg = a->arg;
-        a->fn = NULL;
+        s->moving++;
         pthread_mutex_unlock(&a->lock);
-        fn(arg);
+        bool more = s->piece(s);
         pthread_mutex_lock(&a->lock);
-        a->done = true;
-        pthread_cond_broadcast(&a->cond);
+        if (!more)
+            s->empty = true;
+        if (--s->moving == 0)
+            pthread_cond_broadcast(&a->cond);
     }
     a->running = false;
     pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->lock);
     return NULL;
+}
+
+/* a->lock held: the thread runs, started if need be; false when stopped or
+ * it cannot start. */
+static bool
+assist_running(llmdd *dd)
+{
+    llmdd__assist *a = &dd->assist;
+
+    if (a->stop)
+        return false;
+    if (!a->running) {
+        if (llmdd__spawn(dd, assist_main, dd) != 0)
+            return false;
+        a->running = true;
+    }
+    return true;
+}
+
+bool
+llmdd__share_begin(llmdd *dd, llmdd__share *s, bool (*piece)(llmdd__share *))
+{
+    llmdd__assist *a = &dd->assist;
+
+    *s = (llmdd__share){.piece = piece};
+    pthread_mutex_lock(&a->lock);
+    bool ok = assist_running(dd);
+    if (ok) {
+        llmdd__share **t = &a->shares;
+        while (*t != NULL)
+            t = &(*t)->next;
+        *t = s;
+        pthread_cond_broadcast(&a->cond);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return ok;
+}
+
+void
+llmdd__share_end(llmdd *dd, llmdd__share *s)
+{
+    llmdd__assist *a = &dd->assist;
+
+    pthread_mutex_lock(&a->lock);
+    for (llmdd__share **t = &a->shares; *t != NULL; t = &(*t)->next)
+        if (*t == s) {
+            *t = s->next;
+            break;
+        }
+    while (s->moving > 0)
+        pthread_cond_wait(&a->cond, &a->lock);
+    if (a->shares == NULL)
+        pthread_cond_broadcast(&a->cond); /* a stop may wait for this */
+    pthread_mutex_unlock(&a->lock);
 }
 
 bool
@@ -212,16 +289,9 @@ llmdd__assist_post(llmdd *dd, void *(*fn)(void *), void *arg)
     llmdd__assist *a = &dd->assist;
 
     pthread_mutex_lock(&a->lock);
-    if (a->busy || a->stop) {
+    if (a->busy || !assist_running(dd)) {
         pthread_mutex_unlock(&a->lock);
         return false;
-    }
-    if (!a->running) {
-        if (llmdd__spawn(dd, assist_main, dd) != 0) {
-            pthread_mutex_unlock(&a->lock);
-            return false;
-        }
-        a->running = true;
     }
     a->busy = true;
     a->done = false;

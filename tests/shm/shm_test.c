@@ -269,10 +269,10 @@ test_registered_large_split(void **state)
 
 /*
  * A 4 MiB copy through the owner's memfd of two tensors (one layer of K and
- * V) moves over two threads, the second the instance's assist thread, kept
- * from one transfer to the next: every transfer splits and every byte
- * lands, the seam between the tensors included. A finalized and
- * initialized instance starts the assist again.
+ * V) is shared with the instance's assist thread, kept from one transfer
+ * to the next: every transfer is offered to it and every byte lands, the
+ * seam between the tensors included. A finalized and initialized instance
+ * starts the assist again.
  */
 static void
 test_memfd_split_on_assist(void **state)
@@ -329,6 +329,96 @@ test_memfd_split_on_assist(void **state)
         llmdd_finalize(dd);
         assert_int_equal(llmdd_initialize(dd, o, 2), LLM_SUCCESS);
     }
+    llmdd_destroy(dd);
+    th_proc_stop(&p);
+}
+
+/* One of test_memfd_shared_concurrent's pulling threads. */
+typedef struct {
+    llmdd *dd;
+    llmdd_cache_index idx;
+    const llmdd_cache *c;
+    uint64_t slot, slot_bytes;
+    int64_t bad; /* -1: every byte right; else the first wrong offset */
+    llmdd_status st;
+} shared_puller;
+
+static void *
+shared_pull_main(void *arg)
+{
+    shared_puller *w = arg;
+    uint64_t from = w->slot * w->slot_bytes;
+
+    w->bad = -1;
+    for (int round = 0; round < 5 && w->st == LLM_SUCCESS && w->bad < 0;
+         round++) {
+        for (uint32_t t = 0; t < 2; t++)
+            memset((uint8_t *)(uintptr_t)w->c->tensor_addrs[t] + from, 0,
+                   w->slot_bytes);
+        w->st = llmdd_pull_kv_blocks(w->dd, &w->idx, w->c, &w->slot, &w->slot,
+                                     1, NULL);
+        for (uint32_t t = 0; t < 2 && w->st == LLM_SUCCESS; t++) {
+            const uint8_t *b =
+                (const uint8_t *)(uintptr_t)w->c->tensor_addrs[t];
+            for (uint64_t i = from; i < from + w->slot_bytes; i++)
+                if (b[i] != th_byte(71, t, i)) {
+                    w->bad = (int64_t)i;
+                    break;
+                }
+        }
+    }
+    return NULL;
+}
+
+/*
+ * Copies at once share the assist thread: four threads pull a slot each
+ * (2 tensors of 2 MiB, so every copy is shared) from one owner, five
+ * times; every byte of every slot lands, every copy was offered to the
+ * assist thread, and it moved claims.
+ */
+static void
+test_memfd_shared_concurrent(void **state)
+{
+    char reply[64];
+    llmdd__shm_stats a, b;
+    llmdd_cache c;
+    th_proc p;
+    pthread_t th[4];
+    shared_puller w[4];
+
+    (void)state;
+    proc_start(&p, NULL, "shm", NULL);
+    llmdd *dd = self_new("shm");
+    assert_int_equal(th_proc_cmd(&p, "alloc-big 8 2 71", reply, sizeof(reply)),
+                     0);
+    int64_t id = atoll(reply + 3);
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, 2 << 20}};
+    assert_int_equal(th_link(dd, PEER, "127.0.0.1", p.port, 5000), LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+    llmdd__shm_stats_get(&a);
+    for (int i = 0; i < 4; i++) {
+        w[i] = (shared_puller){.dd = dd,
+                               .idx = {PEER, id, 0},
+                               .c = &c,
+                               .slot = (uint64_t)i,
+                               .slot_bytes = 2 << 20,
+                               .st = LLM_SUCCESS};
+        assert_int_equal(pthread_create(&th[i], NULL, shared_pull_main, &w[i]),
+                         0);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(w[i].st, LLM_SUCCESS);
+        assert_int_equal(w[i].bad, -1);
+    }
+    llmdd__shm_stats_get(&b);
+    assert_int_equal(b.memfd_xfers - a.memfd_xfers, 20);
+    assert_int_equal(b.copy_split - a.copy_split, 20);
+    assert_true(b.assist_claims > a.assist_claims);
+    assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
     llmdd_destroy(dd);
     th_proc_stop(&p);
 }
@@ -767,6 +857,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_registered_uses_cma),
         cmocka_unit_test(test_registered_large_split),
         cmocka_unit_test(test_memfd_split_on_assist),
+        cmocka_unit_test(test_memfd_shared_concurrent),
         cmocka_unit_test(test_pool_reuse_proc),
         cmocka_unit_test(test_pool_reuse_inproc),
         cmocka_unit_test(test_unlink_then_dealloc),

@@ -13,8 +13,9 @@ typedef struct {
     uint64_t memfd_xfers;  /* a memcpy through a mapping of the peer's memfd */
     uint64_t cma_xfers;    /* process_vm_readv / process_vm_writev */
     uint64_t cma_split;    /* of those, moved by two threads (large ones) */
-    uint64_t copy_split;   /* memfd copies moved by two threads (the
-                              second the instance's assist thread) */
+    uint64_t copy_split;   /* memfd copies shared with the instance's
+                              assist thread */
+    uint64_t assist_claims; /* claims of those the assist thread moved */
     uint64_t stream_xfers; /* over the socket data plane */
     uint64_t cma_refused;  /* caches whose cross-memory attach was refused */
 } llmdd__shm_stats;

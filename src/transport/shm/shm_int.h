@@ -54,9 +54,11 @@
 /* A copy through the mapping goes in pieces of this, a cancel seen between
  * them (a few ms each at memory speed). */
 #define SHM_COPY_PIECE (4u << 20)
-/* CMA, and copies through a mapping of two tensors or more, over two
- * threads from here when the instance's assist thread is free */
+/* CMA over two threads from here when the instance's assist thread is
+ * free; copies through a mapping share their claims with it */
 #define SHM_SPLIT_BYTES (4u << 20)
+/* The least a shared copy's claim moves (shm_xfer.c). */
+#define SHM_CLAIM_MIN (256u << 10)
 #define SHM_FWD_CONNS 1                 /* the data plane is a fallback */
 #define SHM_DIR "/tmp"    /* shared by every namespace that shares /tmp */
 #define SHM_STALE_S 60    /* a socket file this old has lost its link */

@@ -6,7 +6,7 @@
 #include "transport/shm/shm_int.h"
 
 static atomic_uint_fast64_t stat_memfd, stat_cma, stat_cma_split,
-    stat_copy_split, stat_stream, stat_refused;
+    stat_copy_split, stat_assist_claims, stat_stream, stat_refused;
 
 void
 llmdd__shm_stats_get(llmdd__shm_stats *out)
@@ -15,6 +15,7 @@ llmdd__shm_stats_get(llmdd__shm_stats *out)
     out->cma_xfers = atomic_load(&stat_cma);
     out->cma_split = atomic_load(&stat_cma_split);
     out->copy_split = atomic_load(&stat_copy_split);
+    out->assist_claims = atomic_load(&stat_assist_claims);
     out->stream_xfers = atomic_load(&stat_stream);
     out->cma_refused = atomic_load(&stat_refused);
 }
@@ -141,107 +142,215 @@ llmdd__shm_owner_left(shm_link *sl)
 }
 
 /*
- * One batch of the copy engine; it has fenced its stores once this returns,
- * before the transfer is reported or a notification follows. Runs go in
- * pieces of at most SHM_COPY_PIECE, and a cancel of the request is seen
- * between pieces: false then, with part of the bytes moved.
+ * A copy through the mapping goes in claims of about `piece` bytes, taken
+ * in order from one cursor: by the thread that runs the transfer and, from
+ * SHM_SPLIT_BYTES on, by the instance's assist thread, which moves claims
+ * of whichever shared copy of the instance is oldest with some left
+ * (llmdd__share). A core is idle only when no copy has a claim left: with
+ * fixed halves (one transfer at a time on the assist thread) the legs of a
+ * 4-source slice pull ended up to 1.3 ms apart, the last alone on a core.
+ */
+typedef struct {
+    uint32_t t;   /* tensor */
+    size_t r;     /* run */
+    uint64_t k;   /* element */
+    uint64_t off; /* bytes into the element (a long one, cut) */
+} copy_pos;
+
+typedef struct {
+    llmdd__share share; /* first: the assist thread's handle */
+    const shm_entry *e;
+    const llmdd__xfer *x;
+    llmdd__cancel *cancel;
+    uint64_t piece;
+    bool shared; /* the assist thread may claim: take the lock */
+    pthread_mutex_t lock;
+    copy_pos next; /* the first byte nobody claimed */
+    bool stop;     /* a cancel was seen: nothing more is claimed */
+    bool failed;   /* the assist thread saw the cancel */
+} copy_share;
+
+/* One segment of the copy: elements [k, k + n) of run `run` of tensor t,
+ * bytes [off, off + m) of each (m < run.len only for a cut element). */
+typedef struct {
+    uint32_t t;
+    llmdd__run2 run;
+    uint64_t k, n, off, m;
+} copy_seg;
+
+/*
+ * The segment at *p, and *p moved past it; false at the end. Elements
+ * longer than `cut` go in cuts of at most max bytes; shorter ones whole,
+ * as many as fit in max (one at least).
  */
 static bool
-shm_copy_tensors(const shm_entry *e, const llmdd__xfer *x, uint32_t t0,
-                 uint32_t t1)
+copy_step(const llmdd__xfer *x, copy_pos *p, uint64_t max, uint64_t cut,
+          copy_seg *g)
 {
-    llmdd__copy_batch b;
-    uint64_t since = 0;
-
-    llmdd__copy_begin(&b, llmdd__xfer_bytes(x), llmdd__xfer_dst_bytes(x));
-    for (uint32_t t = t0; t < t1; t++) {
-        uint8_t *rbase = e->base + (uint64_t)(x->remote_first + t) * e->pitch;
-        uint8_t *src = x->write ? x->local[t] : rbase;
-        uint8_t *dst = x->write ? rbase : x->local[t];
-        for (size_t i = 0; i < llmdd__xfer_nruns(x); i++) {
-            llmdd__run2 r = llmdd__xfer_run(x, i);
-            /* Elements a piece at a time: a long one in pieces, short
-             * ones as many as make a piece. */
-            uint64_t per = r.len < SHM_COPY_PIECE ? SHM_COPY_PIECE / r.len : 1;
-            for (uint64_t k = 0; k < r.count;) {
-                uint64_t so = r.src_off + k * r.src_stride;
-                uint64_t dof = r.dst_off + k * r.dst_stride;
-                uint64_t n = r.count - k < per ? r.count - k : per;
-                if (r.len < SHM_COPY_PIECE) {
-                    llmdd__copy_2d(&b, dst + dof, r.dst_stride, src + so,
-                                   r.src_stride, r.len, n);
-                    since += n * r.len;
-                } else {
-                    for (uint64_t off = 0; off < r.len; off += SHM_COPY_PIECE) {
-                        uint64_t m = r.len - off < SHM_COPY_PIECE
-                                         ? r.len - off
-                                         : SHM_COPY_PIECE;
-                        llmdd__copy(&b, dst + dof + off, src + so + off, m);
-                        if (llmdd__cancelled()) {
-                            llmdd__copy_end(&b);
-                            return false;
-                        }
-                    }
-                }
-                k += n;
-                if (since >= SHM_COPY_PIECE) {
-                    since = 0;
-                    if (llmdd__cancelled()) {
-                        llmdd__copy_end(&b);
-                        return false;
-                    }
-                }
-            }
+    if (p->t >= x->count || llmdd__xfer_nruns(x) == 0)
+        return false;
+    llmdd__run2 r = llmdd__xfer_run(x, p->r);
+    *g = (copy_seg){
+        .t = p->t, .run = r, .k = p->k, .n = 1, .off = p->off, .m = r.len};
+    if (r.len > cut) {
+        g->m = r.len - p->off < max ? r.len - p->off : max;
+        p->off += g->m;
+        if (p->off < r.len)
+            return true;
+        p->off = 0;
+        p->k++;
+    } else {
+        uint64_t n = r.len > 0 ? max / r.len : r.count;
+        n = n > 0 ? n : 1;
+        g->n = n < r.count - p->k ? n : r.count - p->k;
+        p->k += g->n;
+    }
+    if (p->k >= r.count) {
+        p->k = 0;
+        if (++p->r == llmdd__xfer_nruns(x)) {
+            p->r = 0;
+            p->t++;
         }
     }
-    llmdd__copy_end(&b);
     return true;
 }
 
-typedef struct {
-    const shm_entry *e;
-    const llmdd__xfer *x;
-    uint32_t t0, t1;
-    llmdd__cancel *cancel;
-    bool ok;
-} copy_half;
-
-static void *
-copy_half_main(void *p)
+static void
+copy_seg_run(llmdd__copy_batch *b, const shm_entry *e, const llmdd__xfer *x,
+             const copy_seg *g)
 {
-    copy_half *h = p;
+    uint8_t *rbase = e->base + (uint64_t)(x->remote_first + g->t) * e->pitch;
+    uint8_t *src = x->write ? x->local[g->t] : rbase;
+    uint8_t *dst = x->write ? rbase : x->local[g->t];
+    const llmdd__run2 *r = &g->run;
+    uint64_t so = r->src_off + g->k * r->src_stride + g->off;
+    uint64_t dof = r->dst_off + g->k * r->dst_stride + g->off;
 
-    (void)llmdd__cancel_enter(h->cancel, false);
-    h->ok = shm_copy_tensors(h->e, h->x, h->t0, h->t1);
-    llmdd__cancel_leave();
-    return NULL;
+    if (g->n == 0 || g->m == 0)
+        return;
+    if (g->m < r->len)
+        llmdd__copy(b, dst + dof, src + so, g->m);
+    else
+        llmdd__copy_2d(b, dst + dof, r->dst_stride, src + so, r->src_stride,
+                       r->len, g->n);
 }
 
 /*
- * The whole copy. From SHM_SPLIT_BYTES on, with two tensors or more, the
- * instance's assist thread copies the second half of the tensors: a 64 MiB
- * pull of 2 tensors went from 8-10 to 9-15 GB/s, a head slice of 256-byte
- * elements from 3.2 to 4.5-5.9, a 4 MiB layer pushed alone from 0.36-0.41
- * to 0.27-0.34 ms (BENCHMARKS.md). When another transfer holds the assist
- * thread, this one copies alone: the transfers beside it already share the
- * cores. Both halves have ended, their stores fenced, when this returns.
+ * One claim from *p: segments up to s->piece bytes (a whole element past
+ * it), copied into b, or with b NULL only counted off. The same walk from
+ * the same position gives the same segments, so a claim is taken under the
+ * lock with b NULL and copied outside it.
+ */
+static void
+copy_claim(const copy_share *s, copy_pos *p, llmdd__copy_batch *b)
+{
+    copy_seg g;
+
+    for (uint64_t got = 0;
+         got < s->piece && copy_step(s->x, p, s->piece - got, s->piece, &g);
+         got += g.n * g.m)
+        if (b != NULL)
+            copy_seg_run(b, s->e, s->x, &g);
+}
+
+/* Takes the next claim into *from: false when none is left. */
+static bool
+copy_take(copy_share *s, copy_pos *from)
+{
+    if (s->shared)
+        pthread_mutex_lock(&s->lock);
+    bool some =
+        !s->stop && s->next.t < s->x->count && llmdd__xfer_nruns(s->x) > 0;
+    *from = s->next;
+    if (some)
+        copy_claim(s, &s->next, NULL);
+    if (s->shared)
+        pthread_mutex_unlock(&s->lock);
+    return some;
+}
+
+/* A cancel was seen: nothing more is claimed, by anyone. */
+static void
+copy_stop(copy_share *s)
+{
+    if (s->shared)
+        pthread_mutex_lock(&s->lock);
+    s->stop = true;
+    if (s->shared)
+        pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * One claim by the assist thread, under the request's cancellation, its
+ * stores fenced before it returns (the owner reports the transfer once
+ * the assist thread has left it).
+ */
+static bool
+copy_piece(llmdd__share *sh)
+{
+    copy_share *s = (copy_share *)sh;
+    llmdd__copy_batch b;
+    copy_pos from;
+
+    if (!copy_take(s, &from))
+        return false;
+    atomic_fetch_add(&stat_assist_claims, 1);
+    (void)llmdd__cancel_enter(s->cancel, false);
+    llmdd__copy_begin(&b, llmdd__xfer_bytes(s->x), llmdd__xfer_dst_bytes(s->x));
+    copy_claim(s, &from, &b);
+    llmdd__copy_end(&b);
+    bool cancelled = llmdd__cancelled();
+    llmdd__cancel_leave();
+    if (cancelled) {
+        s->failed = true; /* read by the owner after llmdd__share_end */
+        copy_stop(s);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * The whole copy, a cancel seen between claims (false then, with part of
+ * the bytes moved). Every claim has ended, its stores fenced, when this
+ * returns.
  */
 static bool
 shm_copy(llmdd *dd, const shm_entry *e, const llmdd__xfer *x)
 {
-    copy_half h = {.e = e,
-                   .x = x,
-                   .t0 = x->count / 2,
-                   .t1 = x->count,
-                   .cancel = x->cancel};
+    uint64_t total = llmdd__xfer_bytes(x);
+    copy_share s = {
+        .e = e, .x = x, .cancel = x->cancel, .piece = SHM_COPY_PIECE};
+    llmdd__copy_batch b;
+    copy_pos from;
+    bool ok = true;
 
-    if (x->count < 2 || llmdd__xfer_bytes(x) < SHM_SPLIT_BYTES ||
-        !llmdd__assist_post(dd, copy_half_main, &h))
-        return shm_copy_tensors(e, x, 0, x->count);
-    atomic_fetch_add(&stat_copy_split, 1);
-    bool ok = shm_copy_tensors(e, x, 0, h.t0);
-    llmdd__assist_wait(dd);
-    return ok && h.ok;
+    if (total >= SHM_SPLIT_BYTES) {
+        /* Claims of 1/32 of the copy, SHM_CLAIM_MIN to SHM_COPY_PIECE. */
+        s.piece = total / 32 > SHM_CLAIM_MIN ? total / 32 : SHM_CLAIM_MIN;
+        s.piece = s.piece < SHM_COPY_PIECE ? s.piece : SHM_COPY_PIECE;
+        pthread_mutex_init(&s.lock, NULL);
+        s.shared = true; /* before the assist thread can see it */
+        if (llmdd__share_begin(dd, &s.share, copy_piece)) {
+            atomic_fetch_add(&stat_copy_split, 1);
+        } else {
+            s.shared = false;
+            pthread_mutex_destroy(&s.lock);
+        }
+    }
+    llmdd__copy_begin(&b, total, llmdd__xfer_dst_bytes(x));
+    while (ok && copy_take(&s, &from)) {
+        copy_claim(&s, &from, &b);
+        if (llmdd__cancelled()) {
+            ok = false;
+            copy_stop(&s);
+        }
+    }
+    llmdd__copy_end(&b);
+    if (s.shared) {
+        llmdd__share_end(dd, &s.share);
+        pthread_mutex_destroy(&s.lock);
+    }
+    return ok && !s.failed;
 }
 
 /* A position in a transfer's bytes: run r of tensor t, `done` bytes in. */
