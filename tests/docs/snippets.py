@@ -84,8 +84,10 @@ def run(cmd, what, **kw):
 
 
 def readme_subst(text, srv):
-    return (text.replace('"10.0.0.1"', '"127.0.0.1"').replace("10.0.0.1:26000", srv.addr)
-            .replace("26000", srv.port).replace("4096", TOKENS))
+    # The token count first: the port put in after it may contain "4096"
+    # (port 40963 became 163 once).
+    return (text.replace("4096", TOKENS).replace('"10.0.0.1"', '"127.0.0.1"')
+            .replace("10.0.0.1:26000", srv.addr).replace("26000", srv.port))
 
 
 def compile_and_run(src, lang, tmp, what):
