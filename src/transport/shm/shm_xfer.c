@@ -338,8 +338,14 @@ shm_copy(llmdd *dd, const shm_entry *e, const llmdd__xfer *x)
         }
     }
     llmdd__copy_begin(&b, total, llmdd__xfer_dst_bytes(x));
-    while (ok && copy_take(&s, &from)) {
-        copy_claim(&s, &from, &b);
+    while (ok) {
+        /* Alone, a claim is copied as it is walked. */
+        if (!s.shared && s.next.t < x->count && llmdd__xfer_nruns(x) > 0)
+            copy_claim(&s, &s.next, &b);
+        else if (s.shared && copy_take(&s, &from))
+            copy_claim(&s, &from, &b);
+        else
+            break;
         if (llmdd__cancelled()) {
             ok = false;
             copy_stop(&s);
