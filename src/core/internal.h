@@ -177,11 +177,12 @@ typedef struct llmdd__linking {
 } llmdd__linking;
 
 /*
- * A second copying thread, kept for the instance (util.c): a copy split over
- * two threads hands its second half here instead of starting a thread for it
- * (pthread_create and join cost 40 us on a 2-core VM, an eighth of a 4 MiB
- * copy). One posted job at a time; between them it takes pieces of the
- * shared works (llmdd__share). Started on first use, stopped by finalize.
+ * A second copying thread, kept for the instance (util.c), instead of a
+ * thread started per copy (pthread_create and join cost 40 us on a 2-core
+ * VM, an eighth of a 4 MiB copy): a cross-memory attach split over two
+ * threads posts its second half here, one job at a time; between jobs it
+ * moves pieces of the shared works (llmdd__share), the shm copies through
+ * a mapping. Started on first use, stopped by finalize.
  */
 typedef struct llmdd__share llmdd__share;
 struct llmdd__share {
