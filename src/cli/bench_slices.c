@@ -88,6 +88,7 @@ sb_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n); sorts v in place. */
 static double
 sb_median(double *v, uint32_t n)
 {
@@ -217,19 +218,16 @@ static void
 sb_print(const char *name, uint64_t moved, uint64_t runs, double *base,
          double *test, double *ratio, uint32_t n)
 {
-    double rr[64];
-    uint32_t m = n < 64 ? n : 64;
-    memcpy(rr, ratio, m * sizeof(double));
-    qsort(rr, m, sizeof(double), sb_cmp);
     double bb = 0, tb = 0;
     for (uint32_t i = 0; i < n; i++) {
         bb = base[i] > bb ? base[i] : bb;
         tb = test[i] > tb ? test[i] : tb;
     }
     double bm = sb_median(base, n), tm = sb_median(test, n);
+    double rm = sb_median(ratio, n); /* sorted now: the range is its ends */
     printf("%-11s %9.1f MiB %7llu %9.2f %9.2f %6.2f  [%.2f .. %.2f] %6.2f\n",
            name, 2.0 * (double)moved / (1 << 20), (unsigned long long)runs, bm,
-           tm, sb_median(ratio, n), rr[0], rr[m - 1], tb / bb);
+           tm, rm, ratio[0], ratio[n - 1], tb / bb);
 }
 
 /*
@@ -299,13 +297,10 @@ sb_run_row(const sb_ctx *c, const sb_row *row, const sb_row *ref)
         sb_print(row->name, moved, ts.runs, base, test, ratio, n);
         if (ref != NULL) {
             sb_print(ref->name, moved, rs.runs, base, rtest, rratio, n);
-            double vv[64];
-            uint32_t m = n < 64 ? n : 64;
-            memcpy(vv, vs, m * sizeof(double));
-            qsort(vv, m, sizeof(double), sb_cmp);
+            double vm = sb_median(vs, n); /* sorts vs */
             printf("%s vs %s (same bytes, same layouts, in the same rounds): "
                    "%.2f  [%.2f .. %.2f]\n",
-                   row->name, ref->name, sb_median(vs, n), vv[0], vv[m - 1]);
+                   row->name, ref->name, vm, vs[0], vs[n - 1]);
         }
     } else {
         fprintf(stderr, "bench slices: %s: a pull failed\n", row->name);
