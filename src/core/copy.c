@@ -283,7 +283,7 @@ llmdd__copy(llmdd__copy_batch *b, void *dst, const void *src, size_t len)
  * it) is copied from both ends inwards. The hardware prefetchers run a
  * stream on past its end, into the neighbour's lines, which nobody reads:
  * with the neighbours' pages unmapped, every other 4 KiB element moved at
- * 0.86-1.02x a contiguous copy instead of 0.72-0.84x. Two streams that meet
+ * 0.86-1.02x a contiguous copy instead of 0.72-0.82x. Two streams that meet
  * mid-element run on into bytes that are read anyway: a head slice of
  * 4 KiB elements went from 0.70-0.80x (median 0.71) to 0.71-0.85x (0.79)
  * of a contiguous pull over shm, 10 alternated runs (BENCHMARKS.md, KV
