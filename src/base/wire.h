@@ -12,7 +12,7 @@
 
 #define LLMDD_WIRE_MAGIC 0x44444c4cu /* "LLDD" on the wire */
 /* 2: llmdd 0.3 (heartbeats, KV layouts); 1: llmdd 0.1 and 0.2. */
-#define LLMDD_WIRE_VERSION 2
+#define LLMDD_WIRE_VERSION 3
 #define LLMDD__XSTR(x) #x
 #define LLMDD__STR(x) LLMDD__XSTR(x)
 #define LLMDD_WIRE_HDR_LEN 12
@@ -72,7 +72,7 @@ enum llmdd__conn_kind { CONN_CTRL = 1, CONN_DATA = 2 };
 
 /*
  * What each side of a control connection announces in its HELLO or
- * HELLO_REPLY (protocol version 2), checked by the decoders: the interval
+ * HELLO_REPLY (since protocol version 2), checked by the decoders: the interval
  * it sends heartbeats at (0: none), how many notifications it takes from
  * the peer before it returns credit, and (the server's only) how many data
  * connections each way it serves a link.

@@ -133,7 +133,8 @@ typedef struct llmdd__link {
     int busy;                   /* transfers between enter and leave */
     uint32_t tx_credits;        /* notifications the peer will still take */
     llmdd__link_wait *waits;    /* replies awaited */
-    uint64_t wait_seq;
+    uint64_t wait_seq;          /* requests asked: the last sequence number */
+    uint64_t replies;           /* replies the peer sent, awaited or late */
     /* Crossed link calls (linking.c): when the link entered the table, and
      * whether a link call of ours has returned it (a client link is its own
      * call's; a server link is claimed by our first call that adopts it). */
@@ -467,6 +468,12 @@ void llmdd__link_hold(llmdd__link *link);
 /* Marks the link dead, removes it from the table and wakes its users. */
 void llmdd__link_drop(llmdd__link *link, const char *why);
 /*
+ * The peer broke the protocol (a malformed or unasked frame, heartbeats or
+ * notifications past their limits): logged as a warning, counted
+ * (llmdd_protocol_breaches_total), and the link dropped.
+ */
+void llmdd__link_breach(llmdd__link *link, const char *why);
+/*
  * A transport's status for a call on the link: LLM_NOT_YET_LINK means the
  * peer is lost, and the link goes with it if the transport left it up, so
  * that the status means the same for every later call and the link table.
@@ -538,8 +545,12 @@ int64_t llmdd__link_last_tx(llmdd__link *link);
 uint64_t llmdd__link_await_begin(llmdd__link *link, llmdd__link_wait *w);
 llmdd_status llmdd__link_await(llmdd__link *link, llmdd__link_wait *w,
                                int64_t deadline_ms);
-/* A reply arrived; one nobody waits for (late) is dropped. */
-void llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
+/*
+ * A reply arrived; one nobody waits for any more (late) is dropped. False
+ * when it answers nothing this instance asked: a sequence number never
+ * given, or more replies than requests. The caller then drops the link.
+ */
+bool llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
                         const uint8_t *buf, size_t len);
 /*
  * Opens a data connection for `link` to the peer's listener (client side):

@@ -238,7 +238,7 @@ llmdd__keys_serve(llmdd__link *link, const uint8_t *buf, size_t len)
     uint8_t out[32];
 
     if (llmdd__wire_key_query_decode(buf, len, &q) != 0) {
-        llmdd__link_drop(link, "malformed KEY_QUERY");
+        llmdd__link_breach(link, "malformed KEY_QUERY");
         return false;
     }
     r.seq = q.seq;

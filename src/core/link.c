@@ -186,6 +186,20 @@ llmdd__link_drop(llmdd__link *link, const char *why)
 }
 
 void
+llmdd__link_breach(llmdd__link *link, const char *why)
+{
+    pthread_mutex_lock(&link->dd->lock);
+    bool live = !link->dead;
+    pthread_mutex_unlock(&link->dd->lock);
+    if (live) {
+        log_warn("cluster %llu broke the protocol: %s; its link is dropped",
+                 (unsigned long long)link->peer.cluster_id, why);
+        llmdd__metrics_breach(link->dd);
+    }
+    llmdd__link_drop(link, why);
+}
+
+void
 llmdd__link_status(llmdd__link *link, llmdd_status st)
 {
     if (st == LLM_NOT_YET_LINK)
@@ -621,13 +635,18 @@ llmdd__link_await(llmdd__link *link, llmdd__link_wait *w, int64_t deadline_ms)
     return st;
 }
 
-void
+bool
 llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
                    const uint8_t *buf, size_t len)
 {
     llmdd *dd = link->dd;
 
     pthread_mutex_lock(&dd->lock);
+    /* Every request takes one sequence number, and gets at most one
+     * reply: more replies than requests, or one to a number never given,
+     * answer nothing. */
+    bool asked = seq >= 1 && seq <= link->wait_seq &&
+                 ++link->replies <= link->wait_seq;
     for (llmdd__link_wait *w = link->waits; w != NULL; w = w->next) {
         if (w->type == type && w->seq == seq && !w->done) {
             w->len = len < sizeof(w->reply) ? len : sizeof(w->reply);
@@ -638,6 +657,7 @@ llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
         }
     }
     pthread_mutex_unlock(&dd->lock);
+    return asked;
 }
 
 /* ---- Messages of the core on a link's control connection. ---- */

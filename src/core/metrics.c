@@ -247,6 +247,12 @@ llmdd__metrics_heartbeat_drop(llmdd *dd)
 }
 
 void
+llmdd__metrics_breach(llmdd *dd)
+{
+    add(&dd->metrics->breaches, 1);
+}
+
+void
 llmdd__metrics_notify(llmdd *dd, bool sent)
 {
     add(sent ? &dd->metrics->notify_sent : &dd->metrics->notify_recv, 1);
@@ -476,6 +482,10 @@ llmdd_metrics_text(llmdd *dd, char *buf, size_t cap)
            "interval times llm.HeartbeatMisses.");
     out(&o, "llmdd_heartbeat_drops_total %" PRIu64 "\n",
         get(&m->heartbeat_drops));
+    family(&o, "llmdd_protocol_breaches_total", "counter",
+           "Links dropped because the peer broke the protocol (malformed or "
+           "unasked frames, heartbeats or notifications past their limits).");
+    out(&o, "llmdd_protocol_breaches_total %" PRIu64 "\n", get(&m->breaches));
 
     static const char *const kinds[2] = {"allocated", "registered"};
     family(&o, "llmdd_caches", "gauge", "Caches in the registry, by kind.");

@@ -99,6 +99,7 @@ typedef struct llmdd__metrics {
     llmdd__counter links_up, links_down;
     llmdd__counter notify_sent, notify_recv;
     llmdd__counter heartbeat_drops; /* links dropped for silence */
+    llmdd__counter breaches;        /* links dropped: the peer broke the protocol */
 } llmdd__metrics;
 
 /*
@@ -123,6 +124,8 @@ void llmdd__metrics_link_attempt(llmdd *dd, llmdd_status st);
 void llmdd__metrics_link_event(llmdd *dd, bool up);
 /* A link dropped because its peer's heartbeats stopped. */
 void llmdd__metrics_heartbeat_drop(llmdd *dd);
+/* A link dropped because its peer broke the protocol (llmdd__link_breach). */
+void llmdd__metrics_breach(llmdd *dd);
 /* A notification was sent (sent) or received. */
 void llmdd__metrics_notify(llmdd *dd, bool sent);
 

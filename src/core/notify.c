@@ -155,7 +155,7 @@ notify_received(llmdd__link *link, const uint8_t *msg, size_t len)
     if (a->queued >= LLMDD_NOTIFY_WINDOW) {
         pthread_mutex_unlock(&n->lock);
         free(e);
-        llmdd__link_drop(link, "peer sent notifications past its credit");
+        llmdd__link_breach(link, "notifications past its credit");
         return false;
     }
     a->queued++;
@@ -184,7 +184,7 @@ credit_received(llmdd__link *link, const uint8_t *buf, size_t len)
     uint32_t k;
 
     if (llmdd__wire_u32_decode(buf, len, &k) != 0 || k == 0) {
-        llmdd__link_drop(link, "malformed CREDIT");
+        llmdd__link_breach(link, "malformed CREDIT");
         return false;
     }
     pthread_mutex_lock(&dd->lock);
@@ -195,7 +195,7 @@ credit_received(llmdd__link *link, const uint8_t *buf, size_t len)
     }
     pthread_mutex_unlock(&dd->lock);
     if (bad) {
-        llmdd__link_drop(link, "peer returned more credit than it had");
+        llmdd__link_breach(link, "more credit returned than it had");
         return false;
     }
     return true;
@@ -208,7 +208,7 @@ llmdd__notify_on_msg(llmdd__link *link, uint16_t type, const uint8_t *buf,
     if (type == WMSG_CREDIT)
         return credit_received(link, buf, len);
     if (len > LLMDD_NOTIFY_MAX) {
-        llmdd__link_drop(link, "oversized notification");
+        llmdd__link_breach(link, "oversized notification");
         return false;
     }
     return notify_received(link, buf, len);

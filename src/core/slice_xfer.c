@@ -43,7 +43,7 @@ llmdd__layouts_serve(llmdd__link *link, const uint8_t *buf, size_t len)
     uint8_t out[64];
 
     if (llmdd__wire_layout_query_decode(buf, len, &q) != 0) {
-        llmdd__link_drop(link, "malformed LAYOUT_QUERY");
+        llmdd__link_breach(link, "malformed LAYOUT_QUERY");
         return false;
     }
     memset(&r, 0, sizeof(r));

@@ -18,6 +18,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -29,6 +30,14 @@
 
 #define ACCEPT_BACKOFF_MIN_MS 10
 #define ACCEPT_BACKOFF_MAX_MS 1000
+/*
+ * A link's share of one round of the control thread: what is read of it
+ * before the thread moves on to the other links, the listener and the
+ * heartbeats. A peer that sends more waits for the next round; its
+ * frames stay in its socket, and TCP slows it down.
+ */
+#define ROUND_FRAMES 64
+#define ROUND_BYTES (64 * 1024)
 
 _Static_assert(LLMDD_CTRL_FRAME_MAX == LLMDD_WIRE_HDR_LEN + CTRL_MSG_MAX,
                "a link's control buffer holds one whole frame");
@@ -146,8 +155,10 @@ llmdd__ctrl_link_new(void)
 {
     llmdd__ctrl_link *cl = calloc(1, sizeof(*cl));
 
-    if (cl != NULL)
+    if (cl != NULL) {
         cl->last_rx_ms = llmdd__now_ms();
+        cl->drained_ms = cl->last_rx_ms;
+    }
     return cl;
 }
 
@@ -270,7 +281,7 @@ ping_serve(llmdd__link *link, const uint8_t *buf, size_t len)
     int64_t seq;
 
     if (llmdd__wire_i64_decode(buf, len, &seq) != 0) {
-        llmdd__link_drop(link, "malformed PING");
+        llmdd__link_breach(link, "malformed PING");
         return false;
     }
     return llmdd__link_send(link, WMSG_PONG, buf, len) == 0;
@@ -289,14 +300,69 @@ reply_deliver(llmdd__link *link, uint16_t type, const uint8_t *buf, size_t len)
                   : llmdd__wire_key_reply_decode(buf, len, &r);
 
     if (bad) {
-        llmdd__link_drop(link, "malformed reply");
+        llmdd__link_breach(link, "malformed reply");
         return false;
     }
-    llmdd__link_answer(link, type,
-                       type == WMSG_PONG            ? (uint64_t)seq
-                       : type == WMSG_LAYOUT_REPLY ? lr.seq
-                                                   : r.seq,
-                       buf, len);
+    if (!llmdd__link_answer(link, type,
+                            type == WMSG_PONG            ? (uint64_t)seq
+                            : type == WMSG_LAYOUT_REPLY ? lr.seq
+                                                        : r.seq,
+                            buf, len)) {
+        llmdd__link_breach(link, "a reply to nothing asked");
+        return false;
+    }
+    return true;
+}
+
+/*
+ * The peer's heartbeats (docs/model.md, "Liveness"): at most two per
+ * interval it announced, none when it announced 0. Each costs half that
+ * interval of an allowance the clock tops up (hb_topup). While this side
+ * reads the link to its end, the allowance is capped at two intervals;
+ * while it has not (its process was stopped, or the link waits for its
+ * share), it grows by the time since, so frames that queued up meanwhile,
+ * read at once, are not taken for a flood.
+ */
+static void
+hb_topup(llmdd__link *link, int64_t now)
+{
+    llmdd__ctrl_link *cl = ctrl_of(link);
+    int64_t peer = link->terms.hb_ms;
+
+    if (peer == 0)
+        return;
+    if (cl->hb_at_ms == 0)
+        cl->hb_credit_ms = 2 * peer;
+    else
+        cl->hb_credit_ms += now - cl->hb_at_ms;
+    cl->hb_at_ms = now;
+    int64_t cap = now - cl->drained_ms + peer;
+    if (cap < 2 * peer)
+        cap = 2 * peer;
+    if (cl->hb_credit_ms > cap)
+        cl->hb_credit_ms = cap;
+}
+
+static bool
+hb_take(llmdd__link *link)
+{
+    llmdd__ctrl_link *cl = ctrl_of(link);
+    uint32_t peer = link->terms.hb_ms;
+
+    if (peer == 0) {
+        llmdd__link_breach(link, "a heartbeat from a peer that announced "
+                                 "none");
+        return false;
+    }
+    cl->hb_credit_ms -= peer / 2;
+    if (cl->hb_credit_ms < 0) {
+        char why[96];
+        snprintf(why, sizeof(why),
+                 "heartbeats faster than the two per %u ms it announced",
+                 peer);
+        llmdd__link_breach(link, why);
+        return false;
+    }
     return true;
 }
 
@@ -331,12 +397,16 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
             }
         }
         return true;
-    case WMSG_UNLINK_ACK:
+    case WMSG_UNLINK_ACK: {
         pthread_mutex_lock(&dd->lock);
+        bool asked = ctrl_of(link)->unlinking && !ctrl_of(link)->unlink_acked;
         ctrl_of(link)->unlink_acked = true;
         pthread_cond_broadcast(&dd->cond);
         pthread_mutex_unlock(&dd->lock);
-        return true;
+        if (!asked)
+            llmdd__link_breach(link, "UNLINK_ACK to no UNLINK");
+        return asked;
+    }
     case WMSG_NOTIFY:
     case WMSG_CREDIT:
         return llmdd__notify_on_msg(link, type, buf, len);
@@ -351,9 +421,9 @@ ctrl_link_msg(llmdd *dd, llmdd__link *link, uint16_t type, const uint8_t *buf,
     case WMSG_PING:
         return ping_serve(link, buf, len);
     case WMSG_HEARTBEAT:
-        return true; /* its bytes were life already */
+        return hb_take(link); /* its bytes were life already */
     default:
-        llmdd__link_drop(link, "unexpected control message");
+        llmdd__link_breach(link, "unexpected control message");
         return false;
     }
 }
@@ -398,20 +468,37 @@ llmdd__ctrl_read_ack(llmdd__link *link, int64_t deadline)
     return acked;
 }
 
-/* Handles every whole message that has arrived on a link's control socket. */
+/*
+ * Handles the messages that have arrived on a link's control socket, up to
+ * the link's share of a round; cl->more tells whether some were left.
+ */
 static void
-ctrl_link_readable(llmdd *dd, llmdd__link *link)
+ctrl_link_readable(llmdd *dd, llmdd__link *link, int64_t now)
 {
+    llmdd__ctrl_link *cl = ctrl_of(link);
     uint8_t buf[CTRL_MSG_MAX];
+    size_t frames = 0, bytes = 0;
     uint16_t type;
     size_t len;
-    int rc;
+    int rc = 1;
 
-    while ((rc = llmdd__ctrl_rx_next(link, &type, buf, &len)) == 1)
+    cl->more = false;
+    hb_topup(link, now);
+    while (frames < ROUND_FRAMES && bytes < ROUND_BYTES) {
+        rc = llmdd__ctrl_rx_next(link, &type, buf, &len);
+        if (rc != 1)
+            break;
+        frames++;
+        bytes += LLMDD_WIRE_HDR_LEN + len;
         if (!ctrl_link_msg(dd, link, type, buf, len))
             return;
-    if (rc < 0)
+    }
+    if (rc == 0)
+        cl->drained_ms = now;
+    else if (rc < 0)
         llmdd__link_drop(link, "peer closed the control connection");
+    else
+        cl->more = true;
 }
 
 /*
@@ -529,28 +616,34 @@ ctrl_main(void *arg)
         pthread_mutex_unlock(&dd->lock);
 
         /* How long until a link needs a heartbeat sent or its peer's
-         * silence judged (ctrl_heartbeat after the poll does both). */
+         * silence judged (ctrl_heartbeat after the poll does both); no
+         * wait while a link has frames left from its last share. */
         int64_t now = llmdd__now_ms();
         for (size_t i = 0; i < nlinks; i++) {
-            int64_t next = ctrl_heartbeat_due(links[i], hb_ms, misses, now);
+            int64_t next = ctrl_of(links[i])->more
+                               ? 0
+                               : ctrl_heartbeat_due(links[i], hb_ms, misses,
+                                                    now);
             if (next < wait)
                 wait = next;
         }
         int timeout = wait == INT64_MAX ? -1 : wait > 60000 ? 60000 : (int)wait;
-        if (poll(pfd, n, timeout) > 0) {
+        int ready = poll(pfd, n, timeout);
+        now = llmdd__now_ms();
+        if (ready > 0) {
             if (pfd[0].revents & POLLIN) {
                 uint64_t v;
                 (void)!read(c->wake_fd, &v, sizeof(v));
             }
             if (lfd >= 0 && (pfd[1].revents & POLLIN))
                 ctrl_accept(dd, lfd);
-            for (size_t i = 0; i < nlinks; i++) {
-                short re = pfd[2 + i].revents;
-                if (re & POLLOUT)
-                    (void)llmdd__link_flush(links[i]);
-                if (re & (POLLIN | POLLHUP | POLLERR))
-                    ctrl_link_readable(dd, links[i]);
-            }
+        }
+        for (size_t i = 0; i < nlinks; i++) {
+            short re = ready > 0 ? pfd[2 + i].revents : 0;
+            if (re & POLLOUT)
+                (void)llmdd__link_flush(links[i]);
+            if ((re & (POLLIN | POLLHUP | POLLERR)) || ctrl_of(links[i])->more)
+                ctrl_link_readable(dd, links[i], now);
         }
         /* After reading what arrived: a process resumed after a stop first
          * finds its peer's frames waiting, not a silence. */

@@ -49,6 +49,12 @@ typedef struct {
     uint8_t rx[LLMDD_CTRL_FRAME_MAX]; /* a frame read so far */
     size_t rx_len;
     int64_t last_rx_ms; /* when the peer's bytes last arrived */
+    /* The control thread's share accounting (ctrl.c): frames were left
+     * unread when the round's share ran out; when the socket was last read
+     * empty; and the peer's heartbeat allowance in ms (a heartbeat costs
+     * half its announced interval), topped up by the clock at hb_at. */
+    bool more;
+    int64_t drained_ms, hb_at_ms, hb_credit_ms;
     bool unlink_acked;
     bool unlinking; /* our llmdd_unlink_clusters ends this link */
     /* The peer's UNLINK (ctrl.c, unlink_serve): SERVING from its arrival;

@@ -421,7 +421,7 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         llmdd__wire_hello_reply_decode(buf, len, &rep) != 0) {
         if (to)
             st = LLM_TIMEOUT;
-        /* A peer of another protocol version (llmdd 0.2 speaks 1) closes
+        /* A peer of another protocol version (llmdd 0.3 speaks 2) closes
          * at our HELLO without a word: say so, since nothing else will. */
         log_error("link to cluster %llu: handshake %s",
                   (unsigned long long)ci->remote_cluster_id,

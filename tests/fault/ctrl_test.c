@@ -13,7 +13,7 @@
  * - llm.MaxLinks bounds the links a server takes;
  * - two instances linking to each other at the same moment end with one
  *   link that both can use, and both calls report it truthfully;
- * - a peer of another protocol version (llmdd 0.2 speaks 1) is refused at
+ * - a peer of another protocol version (llmdd 0.3 speaks 2) is refused at
  *   its HELLO, with a log line naming both versions, and nothing else is
  *   harmed.
  *
@@ -483,7 +483,7 @@ test_old_protocol_refused(void **state)
     const char *log = capture_stop();
     assert_true(closed);
     assert_non_null(strstr(log, "peer speaks llmdd protocol version 1; this "
-                                "side speaks 2"));
+                                "side speaks 3"));
     /* The server is unharmed: a real client links. */
     llmdd *cli = instance(CLIENT, LLMDD_ROLE_MIX, NULL, "auto", NULL, 0);
     assert_int_equal(th_link(cli, SERVER, "127.0.0.1", port, 2000),

@@ -255,6 +255,15 @@ int
 fu_raw_link(uint16_t port, uint64_t cluster, const char *transport,
             uint8_t token[16], uint32_t *status)
 {
+    return fu_raw_link_terms(port, cluster, transport, FU_TERMS, token,
+                             status);
+}
+
+int
+fu_raw_link_terms(uint16_t port, uint64_t cluster, const char *transport,
+                  llmdd__link_terms terms, uint8_t token[16],
+                  uint32_t *status)
+{
     llmdd__hello h;
     llmdd__hello_reply rep;
     llmdd__confirm conf;
@@ -275,7 +284,7 @@ fu_raw_link(uint16_t port, uint64_t cluster, const char *transport,
     h.nonce = cluster * 7919u;
     memset(h.boot_id, 0x42, sizeof(h.boot_id)); /* never the same host */
     snprintf(h.transport, sizeof(h.transport), "%s", transport);
-    h.terms = FU_TERMS;
+    h.terms = terms;
     len = llmdd__wire_hello_encode(&h, buf, sizeof(buf));
     if (fu_send_frame(fd, WMSG_HELLO, buf, len) != 0 ||
         fu_recv_frame(fd, &type, buf, sizeof(buf), &len, 5000) != 0 ||

@@ -74,6 +74,10 @@ bool fu_closed_within(int fd, int timeout_ms);
  */
 int fu_raw_link(uint16_t port, uint64_t cluster, const char *transport,
                 uint8_t token[16], uint32_t *status);
+/* The same, announcing `terms` (fu_raw_link announces FU_TERMS). */
+int fu_raw_link_terms(uint16_t port, uint64_t cluster, const char *transport,
+                      llmdd__link_terms terms, uint8_t token[16],
+                      uint32_t *status);
 /* A data connection for a link token; returns the fd, or -1 and *status. */
 int fu_raw_data(uint16_t port, const uint8_t token[16], uint32_t flags,
                 uint32_t *status);

@@ -141,6 +141,29 @@ th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
     return LLM_SUCCESS;
 }
 
+int64_t
+th_metric(llmdd *dd, const char *series)
+{
+    size_t cap = llmdd_metrics_text(dd, NULL, 0) + 4096; /* it may grow */
+    char *text = malloc(cap);
+    size_t n = strlen(series);
+    int64_t v = -1;
+
+    if (text == NULL)
+        return -1;
+    llmdd_metrics_text(dd, text, cap);
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
+            v = strtoll(p + n + 1, NULL, 10);
+            break;
+        }
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    free(text);
+    return v;
+}
+
 llmdd_cluster_info
 th_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip, uint16_t port)
 {

@@ -66,6 +66,12 @@ void th_peer_teardown(llmdd *dd, th_peer_caches *pc);
 llmdd_status th_init_listen(llmdd *dd, const char *ip, uint16_t *port_out,
                             const llmdd_option *extra, size_t nextra);
 
+/*
+ * The value of an instance's metric whose name and labels are exactly
+ * `series` (llmdd_metrics_text); -1 when it has no such line.
+ */
+int64_t th_metric(llmdd *dd, const char *series);
+
 /* One address of a prompt cluster `id`; ipi is where the address lives. */
 llmdd_cluster_info th_cluster(uint64_t id, llmdd_ip_info *ipi, const char *ip,
                               uint16_t port);

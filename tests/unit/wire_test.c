@@ -174,7 +174,7 @@ test_frame(void **state)
     }
     /* The layout is fixed: magic, version | type << 16, length (LE). */
     llmdd__wire_frame_encode(hdr, WMSG_READ, 0x01020304);
-    static const uint8_t want[] = {0x4c, 0x4c, 0x44, 0x44, 2, 0, 22, 0,
+    static const uint8_t want[] = {0x4c, 0x4c, 0x44, 0x44, 3, 0, 22, 0,
                                    4,    3,    2,    1};
     assert_memory_equal(hdr, want, sizeof(want));
 
@@ -204,12 +204,12 @@ test_frame(void **state)
         hdr[b] ^= 0x20;
         assert_int_equal(llmdd__wire_frame_decode(hdr, &f), -1);
     }
-    /* Another version (1: llmdd 0.1 and 0.2) is refused and named, so the
-     * handshake can log both versions. */
+    /* Another version (2: llmdd 0.3; 1: 0.1 and 0.2) is refused and named,
+     * so the handshake can log both versions. */
     uint16_t v = 0;
     llmdd__wire_frame_encode(hdr, WMSG_HELLO, 8);
     assert_false(llmdd__wire_frame_foreign(hdr, &v));
-    static const uint16_t bad_versions[] = {0, 1, 3, 0x100, 0xffff};
+    static const uint16_t bad_versions[] = {0, 1, 2, 4, 0x100, 0xffff};
     for (size_t i = 0; i < sizeof(bad_versions) / sizeof(bad_versions[0]);
          i++) {
         llmdd__wire_frame_encode(hdr, WMSG_HELLO, 8);
