@@ -8,7 +8,11 @@
  *            (--metadata, a running etcd; the run uses a prefix of its own).
  * Between the two every link is undone. --rounds R repeats both (default
  * 3); the result is each round's times, their median and spread, and the
- * ratio of the medians. Exit 1 when any link fails.
+ * ratio of the medians. Without --metadata only the first: a link storm.
+ * Each round also reads the kernel's TcpExt ListenOverflows and ListenDrops
+ * (/proc/net/netstat, this network namespace's) before and after: a SYN the
+ * listen queue dropped costs its client a second. Exit 1 when any link
+ * fails.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -60,6 +64,39 @@ disc_link_main(void *arg)
     if (d->st != LLM_SUCCESS)
         cli_err("%s", err);
     return NULL;
+}
+
+/*
+ * TcpExt ListenOverflows and ListenDrops from /proc/net/netstat, whose
+ * TcpExt lines are a header of names and a line of values; false when the
+ * file cannot be read.
+ */
+static bool
+disc_listen_drops(uint64_t *overflows, uint64_t *drops)
+{
+    FILE *f = fopen("/proc/net/netstat", "r");
+    char names[4096], values[4096];
+    bool found = false;
+
+    if (f == NULL)
+        return false;
+    while (!found && fgets(names, sizeof(names), f) != NULL &&
+           fgets(values, sizeof(values), f) != NULL) {
+        if (strncmp(names, "TcpExt:", 7) != 0)
+            continue;
+        char *ns, *vs;
+        char *n = strtok_r(names, " \n", &ns), *v = strtok_r(values, " \n", &vs);
+        for (; n != NULL && v != NULL;
+             n = strtok_r(NULL, " \n", &ns), v = strtok_r(NULL, " \n", &vs)) {
+            if (strcmp(n, "ListenOverflows") == 0)
+                *overflows = strtoull(v, NULL, 10);
+            else if (strcmp(n, "ListenDrops") == 0)
+                *drops = strtoull(v, NULL, 10);
+        }
+        found = true;
+    }
+    fclose(f);
+    return found;
 }
 
 /* One round of n links at once: first call to last success, or -1. */
@@ -197,24 +234,40 @@ bench_discovery(const bench_cfg *cfg)
         }
     }
     printf("llmdd bench --op discovery: %u decoders of this process link "
-           "at once to one prompt (127.0.0.1:%u, transport %s), by address "
-           "and by cluster id through %s (prefix %s); first call to last "
-           "success:\n",
-           n, port, dlo.transport, cfg->lo.metadata, prefix);
+           "at once to one prompt (127.0.0.1:%u, transport %s), by address",
+           n, port, dlo.transport);
+    if (cfg->lo.metadata[0] != '\0')
+        printf(" and by cluster id through %s (prefix %s)", cfg->lo.metadata,
+               prefix);
+    printf("; first call to last success:\n");
+    bool by_id_too = cfg->lo.metadata[0] != '\0';
     for (uint32_t r = 0; r < rounds; r++) {
         char a[32], b[32];
+        uint64_t o0 = 0, d0 = 0, o1 = 0, d1 = 0;
+        bool kernel = disc_listen_drops(&o0, &d0);
         by_addr[r] = disc_round(decs, n, "127.0.0.1", port, cfg->timeout_ms);
-        by_id[r] = disc_round(decs, n, NULL, port, cfg->timeout_ms);
+        by_id[r] = by_id_too ? disc_round(decs, n, NULL, port, cfg->timeout_ms)
+                             : 0;
+        kernel = kernel && disc_listen_drops(&o1, &d1);
         if (by_addr[r] < 0 || by_id[r] < 0) {
             cli_err("round %u: a link failed", r + 1);
             goto out;
         }
-        printf("  round %u: by address %s, by id %s\n", r + 1,
-               cli_fmt_ns(a, sizeof(a), by_addr[r]),
-               cli_fmt_ns(b, sizeof(b), by_id[r]));
+        printf("  round %u: by address %s", r + 1,
+               cli_fmt_ns(a, sizeof(a), by_addr[r]));
+        if (by_id_too)
+            printf(", by id %s", cli_fmt_ns(b, sizeof(b), by_id[r]));
+        if (kernel)
+            printf("; listen overflows %" PRIu64 ", drops %" PRIu64, o1 - o0,
+                   d1 - d0);
+        printf("\n");
     }
     int64_t ma, mi;
     disc_summary("address", by_addr, rounds, &ma);
+    if (!by_id_too) {
+        rc = CLI_EXIT_OK;
+        goto out;
+    }
     disc_summary("by id", by_id, rounds, &mi);
     printf("  by id / by address (medians): %.2f; goal: by id <= 2 s: %s\n",
            ma > 0 ? (double)mi / (double)ma : 0.0,

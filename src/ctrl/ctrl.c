@@ -7,13 +7,14 @@
  * plane only through it (llmdd__plane_ops).
  *
  * One control thread per instance polls the listening socket, each link's
- * control socket and a wake eventfd. It accepts connections and hands each to
- * a short-lived handshake thread (at most HANDSHAKE_MAX at once, each bounded
- * by HANDSHAKE_MS), so a slow or hostile client delays nobody else. When all
- * are busy, a new connection evicts the oldest one that has not yet sent its
- * HELLO, so idle connections (slowloris) cannot lock real peers out. It is the
- * only reader of link control sockets: it answers UNLINK, records
- * UNLINK_ACK, and drops a link whose peer closed.
+ * control socket, the accepted connections that have sent nothing yet and a
+ * wake eventfd. A connection whose first bytes arrive goes to a short-lived
+ * handshake thread (at most HANDSHAKE_MAX at once, each bounded by
+ * HANDSHAKE_MS), in the order accepted, so a slow or hostile client delays
+ * nobody else: idle connections (slowloris) hold no thread, and while
+ * connections wait for one, the thread that has waited longest for the rest
+ * of its HELLO is evicted. It is the only reader of link control sockets: it
+ * answers UNLINK, records UNLINK_ACK, and drops a link whose peer closed.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -38,6 +40,14 @@
  */
 #define ROUND_FRAMES 64
 #define ROUND_BYTES (64 * 1024)
+/*
+ * A client sends heartbeats once its side of the link is set up (its first
+ * the moment it is: handshake.c), after its transport's connections, which
+ * in a link storm wait here behind other clients' handshakes. Until then
+ * the server gives its silence this much more time.
+ */
+#define SETUP_GRACE_MS 10000
+#define EVICT_IDLE_MS 500
 
 _Static_assert(LLMDD_CTRL_FRAME_MAX == LLMDD_WIRE_HDR_LEN + CTRL_MSG_MAX,
                "a link's control buffer holds one whole frame");
@@ -54,22 +64,28 @@ llmdd__ctrl_wake(llmdd *dd)
 }
 
 /*
- * Shuts down the handshake that has waited longest for its HELLO (its thread
- * then sees EOF and exits) and frees its slot. dd->lock held; the handshake
- * thread leaves its slot under the lock before it closes the fd, so the fd is
- * still its own here. Returns false when every handshake is past its HELLO.
+ * Shuts down the handshake thread's connection that has waited longest for
+ * the rest of its HELLO, EVICT_IDLE_MS or more (the thread then sees EOF and
+ * exits), and frees its slot. A connection whose bytes wait unread is not
+ * idle: its thread has not run yet; nor is one younger than that, whose
+ * thread may have read its whole HELLO and not yet said so. dd->lock held; the handshake thread leaves its slot under the lock
+ * before it closes the fd, so the fd is still its own here. Returns false
+ * when no handshake is idle.
  */
 static bool
 ctrl_evict_idle(llmdd__ctrl *c)
 {
-    int oldest = -1;
+    int64_t young = llmdd__now_ms() - EVICT_IDLE_MS;
+    int oldest = -1, unread;
 
     for (int i = 0; i < HANDSHAKE_MAX; i++)
-        if (c->waiting[i] >= 0 &&
-            (oldest < 0 || c->waiting_since[i] < c->waiting_since[oldest]))
+        if (c->waiting[i] >= 0 && c->waiting_since[i] <= young &&
+            (oldest < 0 || c->waiting_since[i] < c->waiting_since[oldest]) &&
+            ioctl(c->waiting[i], FIONREAD, &unread) == 0 && unread == 0)
             oldest = i;
     if (oldest < 0)
         return false;
+    log_info("handshake: an idle connection evicted for one that waits");
     shutdown(c->waiting[oldest], SHUT_RDWR);
     c->waiting[oldest] = -1;
     return true;
@@ -85,6 +101,41 @@ llmdd__ctrl_hello_done(llmdd *dd, int fd)
         if (c->waiting[i] == fd)
             c->waiting[i] = -1;
     pthread_mutex_unlock(&dd->lock);
+}
+
+/*
+ * A connection past HANDSHAKE_PENDING: a control HELLO already there is
+ * answered LLM_LINK_BUSY, which its link call returns (retryable); the
+ * connection is closed either way. The HELLO is read first, so the close
+ * is a FIN, not a reset that could discard the reply at the peer.
+ */
+static void
+ctrl_refuse_busy(llmdd *dd, int fd)
+{
+    uint8_t buf[LLMDD_WIRE_HDR_LEN + 512];
+    llmdd__hello_reply rep = {.status = LLM_LINK_BUSY};
+    llmdd__hello h;
+    llmdd__frame f;
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+    if (n >= LLMDD_WIRE_HDR_LEN && llmdd__wire_frame_decode(buf, &f) == 0 &&
+        f.type == WMSG_HELLO && (size_t)n == LLMDD_WIRE_HDR_LEN + f.len &&
+        llmdd__wire_hello_decode(buf + LLMDD_WIRE_HDR_LEN, f.len, &h) == 0 &&
+        h.kind == CONN_CTRL) {
+        uint8_t out[LLMDD_WIRE_HDR_LEN + 512];
+        size_t len = llmdd__wire_hello_reply_encode(
+            &rep, out + LLMDD_WIRE_HDR_LEN, sizeof(out) - LLMDD_WIRE_HDR_LEN);
+        if (len > 0) {
+            llmdd__wire_frame_encode(out, WMSG_HELLO_REPLY, (uint32_t)len);
+            (void)!send(fd, out, LLMDD_WIRE_HDR_LEN + len,
+                        MSG_DONTWAIT | MSG_NOSIGNAL);
+        }
+        log_info("handshake: cluster %llu answered LLM_LINK_BUSY: %d "
+                 "connections wait for a handshake",
+                 (unsigned long long)h.cluster_id, HANDSHAKE_PENDING);
+    }
+    (void)dd;
+    close(fd);
 }
 
 static void
@@ -113,41 +164,97 @@ ctrl_accept(llmdd *dd, int lfd)
             return;
         }
         c->accept_backoff_ms = 0;
-        pthread_mutex_lock(&dd->lock);
-        /* Evicted threads take a moment to exit: bound them too. */
-        bool full = c->handshakes >= 2 * HANDSHAKE_MAX ||
-                    (c->handshakes >= HANDSHAKE_MAX && !ctrl_evict_idle(c));
-        if (!full) {
-            c->handshakes++;
-            /* A slot is free: fewer waiting than MAX, or one just evicted. */
-            for (int i = 0; i < HANDSHAKE_MAX; i++) {
-                if (c->waiting[i] < 0) {
-                    c->waiting[i] = fd;
-                    c->waiting_since[i] = llmdd__now_ms();
-                    break;
-                }
+        if (c->npending == c->pending_cap && c->pending_cap < HANDSHAKE_PENDING) {
+            size_t ncap = c->pending_cap ? 2 * c->pending_cap : 64;
+            llmdd__ctrl_pending *np =
+                realloc(c->pending, ncap * sizeof(*np));
+            if (np != NULL) {
+                c->pending = np;
+                c->pending_cap = ncap;
             }
         }
-        pthread_mutex_unlock(&dd->lock);
-        struct llmdd__handshake_arg *a = full ? NULL : malloc(sizeof(*a));
-        if (a == NULL) {
-            log_warn("too many handshakes in progress; connection closed");
-            goto drop;
+        if (c->npending == c->pending_cap)
+            ctrl_refuse_busy(dd, fd);
+        else
+            c->pending[c->npending++] = (llmdd__ctrl_pending){
+                .fd = fd, .since = llmdd__now_ms()};
+    }
+}
+
+/*
+ * Starts a handshake thread for a connection whose bytes arrived; false when
+ * all HANDSHAKE_MAX are busy and none can be evicted (it waits). An evicted
+ * thread takes a moment to exit: twice HANDSHAKE_MAX bounds them too.
+ */
+static bool
+ctrl_handshake_start(llmdd *dd, int fd)
+{
+    llmdd__ctrl *c = dd->ctrl;
+    int64_t now = llmdd__now_ms();
+
+    pthread_mutex_lock(&dd->lock);
+    bool room = c->handshakes < HANDSHAKE_MAX ||
+                (c->handshakes < 2 * HANDSHAKE_MAX && ctrl_evict_idle(c));
+    if (room) {
+        c->handshakes++;
+        /* A slot is free: fewer waiting than MAX, or one just evicted. */
+        for (int i = 0; i < HANDSHAKE_MAX; i++) {
+            if (c->waiting[i] < 0) {
+                c->waiting[i] = fd;
+                c->waiting_since[i] = now;
+                break;
+            }
         }
+    }
+    pthread_mutex_unlock(&dd->lock);
+    if (!room)
+        return false;
+    struct llmdd__handshake_arg *a = malloc(sizeof(*a));
+    if (a != NULL) {
         a->dd = dd;
         a->fd = fd;
         if (llmdd__spawn(dd, llmdd__handshake_main, a) == 0)
-            continue;
+            return true;
         free(a);
-    drop:
-        if (!full) {
-            llmdd__ctrl_hello_done(dd, fd);
-            pthread_mutex_lock(&dd->lock);
-            c->handshakes--;
-            pthread_mutex_unlock(&dd->lock);
-        }
-        close(fd);
     }
+    log_warn("handshake: cannot start a thread; connection closed");
+    llmdd__ctrl_hello_done(dd, fd);
+    pthread_mutex_lock(&dd->lock);
+    c->handshakes--;
+    pthread_mutex_unlock(&dd->lock);
+    close(fd);
+    return true;
+}
+
+/*
+ * The pending connections after a poll: those whose bytes arrived start
+ * their handshakes in the order accepted, as threads allow; those silent
+ * for HANDSHAKE_MS are closed. Returns the ms until the next one expires
+ * (INT64_MAX: none).
+ */
+static int64_t
+ctrl_pending_run(llmdd *dd, int64_t now)
+{
+    llmdd__ctrl *c = dd->ctrl;
+    int64_t next = INT64_MAX;
+    bool room = true;
+    size_t keep = 0;
+
+    for (size_t i = 0; i < c->npending; i++) {
+        llmdd__ctrl_pending p = c->pending[i];
+        if (p.ready && room && (room = ctrl_handshake_start(dd, p.fd)))
+            continue;
+        if (!p.ready && now - p.since >= HANDSHAKE_MS) {
+            log_info("handshake rejected: too slow");
+            close(p.fd);
+            continue;
+        }
+        if (!p.ready && p.since + HANDSHAKE_MS - now < next)
+            next = p.since + HANDSHAKE_MS - now;
+        c->pending[keep++] = p;
+    }
+    c->npending = keep;
+    return next;
 }
 
 llmdd__ctrl_link *
@@ -157,7 +264,7 @@ llmdd__ctrl_link_new(void)
 
     if (cl != NULL) {
         cl->last_rx_ms = llmdd__now_ms();
-        cl->drained_ms = cl->last_rx_ms;
+        cl->drained_ms = cl->hb_at_ms = cl->last_rx_ms;
     }
     return cl;
 }
@@ -203,6 +310,7 @@ llmdd__ctrl_rx_next(llmdd__link *link, uint16_t *type, uint8_t *buf,
         if (n > 0) {
             cl->rx_len += (size_t)n;
             cl->last_rx_ms = llmdd__now_ms(); /* any byte is life */
+            cl->heard = true;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -331,10 +439,12 @@ hb_topup(llmdd__link *link, int64_t now)
 
     if (peer == 0)
         return;
-    if (cl->hb_at_ms == 0)
+    /* From the handshake on: a peer's heartbeats queue up until this side
+     * has set its link up and reads it. */
+    if (!cl->hb_started)
         cl->hb_credit_ms = 2 * peer;
-    else
-        cl->hb_credit_ms += now - cl->hb_at_ms;
+    cl->hb_started = true;
+    cl->hb_credit_ms += now - cl->hb_at_ms;
     cl->hb_at_ms = now;
     int64_t cap = now - cl->drained_ms + peer;
     if (cap < 2 * peer)
@@ -505,7 +615,17 @@ ctrl_link_readable(llmdd *dd, llmdd__link *link, int64_t now)
  * Heartbeats (docs/model.md, "Liveness"): a heartbeat goes out when nothing
  * was queued on the link for our interval (hb_ms), and a peer silent for its
  * announced interval times our misses is dead.
- *
+ */
+static int64_t
+silence_limit(llmdd__link *link, uint32_t misses)
+{
+    bool setting_up = !link->client && !ctrl_of(link)->heard;
+
+    return (int64_t)link->terms.hb_ms * misses +
+           (setting_up ? SETUP_GRACE_MS : 0);
+}
+
+/*
  * The ms until this link next needs a look (INT64_MAX: never).
  */
 static int64_t
@@ -519,7 +639,7 @@ ctrl_heartbeat_due(llmdd__link *link, uint32_t hb_ms, uint32_t misses,
         next = due > 0 ? due : 0;
     }
     if (link->terms.hb_ms > 0) {
-        int64_t limit = (int64_t)link->terms.hb_ms * misses;
+        int64_t limit = silence_limit(link, misses);
         int64_t left = limit - (now - ctrl_of(link)->last_rx_ms) + 1;
         if (left < next)
             next = left > 0 ? left : 0;
@@ -535,7 +655,7 @@ ctrl_heartbeat(llmdd *dd, llmdd__link *link, uint32_t hb_ms, uint32_t misses,
     uint32_t peer = link->terms.hb_ms;
 
     if (peer > 0) {
-        int64_t limit = (int64_t)peer * misses;
+        int64_t limit = silence_limit(link, misses);
         int64_t silent = now - ctrl_of(link)->last_rx_ms;
         if (silent > limit) {
             pthread_mutex_lock(&dd->lock);
@@ -568,6 +688,8 @@ ctrl_main(void *arg)
     for (;;) {
         size_t n = 0, nlinks = 0;
         int lfd;
+        /* Before the poll set is made: it compacts the pending ones. */
+        int64_t expiry = ctrl_pending_run(dd, llmdd__now_ms());
 
         pthread_mutex_lock(&dd->lock);
         if (c->stop) {
@@ -579,8 +701,8 @@ ctrl_main(void *arg)
         uint32_t hb_ms = dd->opts.hb_ms, misses = dd->opts.hb_misses;
         for (llmdd__link *l = dd->links; l != NULL; l = l->next)
             nlinks++;
-        if (nlinks + 2 > cap) {
-            size_t ncap = nlinks + 16;
+        if (nlinks + c->npending + 2 > cap) {
+            size_t ncap = nlinks + c->npending + 16;
             struct pollfd *np = realloc(pfd, ncap * sizeof(*np));
             if (np != NULL)
                 pfd = np;
@@ -614,11 +736,20 @@ ctrl_main(void *arg)
             pfd[n++] = (struct pollfd){.fd = l->ctrl_fd, .events = ev};
         }
         pthread_mutex_unlock(&dd->lock);
+        /* The pending connections; those ready wait for a thread, not for
+         * bytes (a negative fd is skipped). */
+        size_t npend = c->npending;
+        for (size_t i = 0; i < npend; i++)
+            pfd[n++] = (struct pollfd){
+                .fd = c->pending[i].ready ? -1 : c->pending[i].fd,
+                .events = POLLIN};
 
         /* How long until a link needs a heartbeat sent or its peer's
          * silence judged (ctrl_heartbeat after the poll does both); no
          * wait while a link has frames left from its last share. */
         int64_t now = llmdd__now_ms();
+        if (expiry < wait)
+            wait = expiry;
         for (size_t i = 0; i < nlinks; i++) {
             int64_t next = ctrl_of(links[i])->more
                                ? 0
@@ -635,6 +766,10 @@ ctrl_main(void *arg)
                 uint64_t v;
                 (void)!read(c->wake_fd, &v, sizeof(v));
             }
+            /* Before the accept: it appends to the pending connections. */
+            for (size_t i = 0; i < npend; i++)
+                if (pfd[2 + nlinks + i].revents & (POLLIN | POLLHUP | POLLERR))
+                    c->pending[i].ready = true;
             if (lfd >= 0 && (pfd[1].revents & POLLIN))
                 ctrl_accept(dd, lfd);
         }
@@ -684,6 +819,7 @@ err_wake:
     st = LLM_FAILED;
 err_disc:
     close(c->wake_fd);
+    free(c->pending);
     free(c);
     return st;
 err_free:
@@ -711,7 +847,10 @@ ctrl_stop(llmdd *dd)
         pthread_cond_wait(&dd->cond, &dd->lock);
     dd->ctrl = NULL;
     pthread_mutex_unlock(&dd->lock);
+    for (size_t i = 0; i < c->npending; i++)
+        close(c->pending[i].fd);
     close(c->wake_fd);
+    free(c->pending);
     free(c);
 }
 

@@ -14,9 +14,24 @@
 #include "base/wire.h"
 #include "meta/meta.h"
 
+/*
+ * The handshake stage. An accepted connection waits, without a thread, for
+ * its first bytes (at most HANDSHAKE_MS from its accept) and for a handshake
+ * thread; at most HANDSHAKE_MAX threads run, each bounded by HANDSHAKE_MS
+ * from its start. Past HANDSHAKE_PENDING waiting connections a new one is
+ * answered LLM_LINK_BUSY.
+ */
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128
+#define HANDSHAKE_PENDING 4096
 #define CTRL_MSG_MAX LLMDD_CTRL_MSG_MAX
+
+/* An accepted connection that waits for its first bytes or a thread. */
+typedef struct {
+    int fd;
+    int64_t since; /* accepted, CLOCK_MONOTONIC ms */
+    bool ready;    /* bytes arrived: it waits for a thread only */
+} llmdd__ctrl_pending;
 
 struct llmdd__ctrl {
     pthread_t thread;
@@ -26,7 +41,8 @@ struct llmdd__ctrl {
     bool stop;
     uint64_t gen, seen_gen; /* the thread has rebuilt its poll set */
     int handshakes;
-    /* Handshakes still waiting for their HELLO: fd (-1: free) and since. */
+    /* Handshake threads still reading their HELLO: fd (-1: free) and
+     * since. */
     int waiting[HANDSHAKE_MAX];
     int64_t waiting_since[HANDSHAKE_MAX];
     llmdd__sockaddr bound; /* where listen_fd listens; guarded by dd->lock */
@@ -34,6 +50,8 @@ struct llmdd__ctrl {
      * listener is not polled until accept_resume (CLOCK_MONOTONIC ms). */
     int64_t accept_resume;
     int accept_backoff_ms;
+    llmdd__ctrl_pending *pending; /* up to HANDSHAKE_PENDING of them */
+    size_t npending, pending_cap;
     /* Discovery (discovery.c): set from start to stop when
      * llm.MetadataServer is; its own thread and locks. */
     llmdd__meta *meta;
@@ -49,11 +67,12 @@ typedef struct {
     uint8_t rx[LLMDD_CTRL_FRAME_MAX]; /* a frame read so far */
     size_t rx_len;
     int64_t last_rx_ms; /* when the peer's bytes last arrived */
+    bool heard;         /* any byte since the handshake */
     /* The control thread's share accounting (ctrl.c): frames were left
      * unread when the round's share ran out; when the socket was last read
      * empty; and the peer's heartbeat allowance in ms (a heartbeat costs
      * half its announced interval), topped up by the clock at hb_at. */
-    bool more;
+    bool more, hb_started;
     int64_t drained_ms, hb_at_ms, hb_credit_ms;
     bool unlink_acked;
     bool unlinking; /* our llmdd_unlink_clusters ends this link */

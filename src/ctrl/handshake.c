@@ -259,6 +259,21 @@ out:
     free(token);
 }
 
+/*
+ * A handshake thread's slot is free: the control thread may start one for a
+ * connection that waits. Woken under dd->lock, so that llmdd__ctrl stays
+ * until the wake is written (ctrl_stop waits for handshakes under it).
+ */
+static void
+handshake_done(llmdd *dd)
+{
+    pthread_mutex_lock(&dd->lock);
+    dd->ctrl->handshakes--;
+    llmdd__ctrl_wake(dd);
+    pthread_cond_broadcast(&dd->cond);
+    pthread_mutex_unlock(&dd->lock);
+}
+
 void *
 llmdd__handshake_main(void *arg)
 {
@@ -284,19 +299,13 @@ llmdd__handshake_main(void *arg)
         close(a.fd);
     } else if (h.kind == CONN_DATA) {
         /* From here on this may be a long-lived serving thread. */
-        pthread_mutex_lock(&dd->lock);
-        dd->ctrl->handshakes--;
-        pthread_cond_broadcast(&dd->cond);
-        pthread_mutex_unlock(&dd->lock);
+        handshake_done(dd);
         handshake_data(dd, a.fd, &h, deadline);
         return NULL;
     } else {
         handshake_ctrl(dd, a.fd, &h, deadline);
     }
-    pthread_mutex_lock(&dd->lock);
-    dd->ctrl->handshakes--;
-    pthread_cond_broadcast(&dd->cond);
-    pthread_mutex_unlock(&dd->lock);
+    handshake_done(dd);
     return NULL;
 }
 
@@ -431,6 +440,14 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
                        "side speaks " LLMDD__STR(LLMDD_WIRE_VERSION) ")");
         goto err_fd;
     }
+    if (rep.status == LLM_LINK_BUSY) {
+        /* Its handshake stage is full: the caller retries. */
+        log_info("link to cluster %llu: the peer is busy with other "
+                 "handshakes (LLM_LINK_BUSY)",
+                 (unsigned long long)ci->remote_cluster_id);
+        st = rep.status;
+        goto err_fd;
+    }
     if (rep.status != LLM_SUCCESS) {
         log_error("link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)ci->remote_cluster_id,
@@ -535,6 +552,9 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         free(token);
         return st;
     }
+    /* Set up: the server judges our silence from our first byte on. */
+    if (h.terms.hb_ms > 0)
+        (void)llmdd__link_send(link, WMSG_HEARTBEAT, NULL, 0);
     log_info("linked with cluster %llu (%s)",
              (unsigned long long)rep.cluster_id, link->ops->name);
     free(token);

@@ -11,6 +11,9 @@
  * - out of file descriptors, the control thread does not spin on the
  *   readable listener, and accepts the queued connection once fds free;
  * - llm.MaxLinks bounds the links a server takes;
+ * - the handshake stage: 1024 clients linking at once (eight times the
+ *   handshake threads; 256 under sanitizers) all link; past the connections the stage holds, a link call
+ *   gets LLM_LINK_BUSY (retryable), and links once they are gone;
  * - two instances linking to each other at the same moment end with one
  *   link that both can use, and both calls report it truthfully;
  * - a peer of another protocol version (llmdd 0.3 speaks 2) is refused at
@@ -32,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctrl/ctrl.h"
 #include "harness/fault_util.h"
 
 #define SERVER 1
@@ -337,6 +341,126 @@ test_max_links(void **state)
     llmdd_destroy(srv);
 }
 
+/* Eight times the handshake threads; under sanitizers twice. */
+#define STORM (FU_SLOW == 1 ? 1024 : 256)
+
+typedef struct {
+    llmdd *dd;
+    uint16_t port;
+    pthread_barrier_t *go;
+    llmdd_status st;
+} stormer;
+
+static void *
+stormer_main(void *arg)
+{
+    stormer *s = arg;
+
+    pthread_barrier_wait(s->go);
+    s->st = th_link(s->dd, SERVER, "127.0.0.1", s->port, 30000 * FU_SLOW);
+    return NULL;
+}
+
+/* More clients than handshake threads link at once: every one links. */
+static void
+test_link_storm(void **state)
+{
+    char max[16];
+    snprintf(max, sizeof(max), "%d", STORM + 16);
+    llmdd_option o = {"llm.MaxLinks", max};
+    uint16_t port;
+    struct rlimit was, rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+    rl = was;
+    if (rl.rlim_max < 16 * STORM)
+        rl.rlim_max = 16 * STORM; /* root may */
+    rl.rlim_cur = rl.rlim_max;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    llmdd *srv = instance(SERVER, LLMDD_ROLE_MIX, &port, "tcp", &o, 1);
+    static stormer s[1024];
+    static pthread_t th[1024];
+    pthread_barrier_t go;
+
+    (void)state;
+    pthread_barrier_init(&go, NULL, STORM);
+    for (int i = 0; i < STORM; i++) {
+        s[i] = (stormer){.port = port, .go = &go, .st = LLM_FAILED};
+        s[i].dd = instance(100 + i, LLMDD_ROLE_DECODER, NULL, "tcp", NULL, 0);
+    }
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < STORM; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, stormer_main, &s[i]), 0);
+    int ok = 0;
+    for (int i = 0; i < STORM; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        ok += s[i].st == LLM_SUCCESS;
+    }
+    fprintf(stderr, "# %d of %d clients linked at once in %lld ms\n", ok,
+            STORM, (long long)(th_now_ms() - t0));
+    assert_int_equal(ok, STORM);
+    /* Heartbeats that queued up during a slow setup are no flood, and a
+     * link whose client is still setting up is not silent. */
+    assert_int_equal(th_metric(srv, "llmdd_protocol_breaches_total"), 0);
+    assert_int_equal(th_metric(srv, "llmdd_heartbeat_drops_total"), 0);
+    for (int i = 0; i < STORM; i++) {
+        assert_int_equal(llmdd_check_link(s[i].dd, SERVER, 5000 * FU_SLOW),
+                         LLM_SUCCESS);
+        assert_int_equal(
+            th_metric(s[i].dd, "llmdd_protocol_breaches_total"), 0);
+    }
+    for (int i = 0; i < STORM; i++)
+        llmdd_destroy(s[i].dd);
+    pthread_barrier_destroy(&go);
+    llmdd_destroy(srv);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+}
+
+/*
+ * HANDSHAKE_PENDING connections that send nothing fill the stage; a link
+ * call then gets LLM_LINK_BUSY, and links once the idle ones are cut.
+ */
+static void
+test_link_busy(void **state)
+{
+    uint16_t port;
+    llmdd *srv = instance(SERVER, LLMDD_ROLE_MIX, &port, "tcp", NULL, 0);
+    llmdd *cli = instance(CLIENT, LLMDD_ROLE_MIX, NULL, "tcp", NULL, 0);
+    struct rlimit rl = {.rlim_cur = 3 * HANDSHAKE_PENDING,
+                        .rlim_max = 3 * HANDSHAKE_PENDING};
+    static int idle[HANDSHAKE_PENDING];
+
+    (void)state;
+    /* Both ends of each in this process: raise the limit (root may). */
+    struct rlimit was;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+    if (was.rlim_max > rl.rlim_max)
+        rl.rlim_max = was.rlim_max;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    for (int i = 0; i < HANDSHAKE_PENDING; i++) {
+        idle[i] = fu_connect(port);
+        assert_true(idle[i] >= 0);
+    }
+    /* The idle ones are accepted first: the link call's is one too many. */
+    int64_t t0 = th_now_ms();
+    llmdd_status st = th_link(cli, SERVER, "127.0.0.1", port, 2000 * FU_SLOW);
+    fprintf(stderr, "# link past %d idle connections: %s in %lld ms\n",
+            HANDSHAKE_PENDING, llmdd_status_str(st),
+            (long long)(th_now_ms() - t0));
+    assert_int_equal(st, LLM_LINK_BUSY);
+    for (int i = 0; i < HANDSHAKE_PENDING; i++)
+        close(idle[i]);
+    /* Retried, as a caller does: the closed ones leave the stage. */
+    int64_t deadline = th_now_ms() + (HANDSHAKE_MS + 2000) * FU_SLOW;
+    while ((st = th_link(cli, SERVER, "127.0.0.1", port, 2000 * FU_SLOW)) ==
+               LLM_LINK_BUSY &&
+           th_now_ms() < deadline)
+        ;
+    assert_int_equal(st, LLM_SUCCESS);
+    llmdd_destroy(cli);
+    llmdd_destroy(srv);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+}
+
 struct crosser {
     llmdd *dd;
     uint64_t peer;
@@ -501,6 +625,8 @@ main(int argc, char **argv)
         cmocka_unit_test(test_partial_frame_blocks_nobody),
         cmocka_unit_test(test_out_of_fds_no_spin),
         cmocka_unit_test(test_max_links),
+        cmocka_unit_test(test_link_storm),
+        cmocka_unit_test(test_link_busy),
         cmocka_unit_test(test_crossed_links),
         cmocka_unit_test(test_old_protocol_refused),
     };
