@@ -447,8 +447,9 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     bool to;
     int fd;
 
+    /* The link is up: its peer's listener refusing is final. */
     fd = llmdd__connect(dd->stop_fd, &link->peer.addr, &link->bind_addr,
-                       deadline, &st);
+                       deadline, LLMDD_LOG_ERROR, &st);
     if (fd < 0)
         return -1;
     llmdd__sock_tune(fd, llmdd__user_timeout(dd));
