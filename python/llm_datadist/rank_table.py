@@ -18,9 +18,13 @@ docs/python.md has the rules; in short:
 - query_register_mem_status() says PREPARING until every link of the domain
   is made (OK), or FAILED once HCCL_CONNECT_TIMEOUT seconds (the
   reference's knob, 120 by default) have passed without it.
+- Each refused attempt is the library's info line; only giving up is an
+  error, logged once on the "llm_datadist" logger with each peer's last
+  status (docs/operations.md, Logs).
 """
 
 import json
+import logging
 import os
 import threading
 import time
@@ -35,8 +39,10 @@ _BASE_PORT_DEFAULT = 60000
 _TIMEOUT_ENV = "HCCL_CONNECT_TIMEOUT"
 _TIMEOUT_DEFAULT_S = 120
 _ATTEMPT_MS = 1000            # one link_clusters call; finalize waits at most this
-_RETRY_FIRST_S, _RETRY_MAX_S = 0.01, 0.5   # each refused attempt logs a line
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.01, 0.5   # each refused attempt logs at info
 _LINKED = (int(llmdd.Status.LLM_SUCCESS), int(llmdd.Status.LLM_ALREADY_LINK))
+
+_log = logging.getLogger("llm_datadist")
 
 
 def _int_field(v, what):
@@ -86,31 +92,41 @@ def _listen_text(addr, port):
 class _Domain:
     """One link() call: the links from this rank to the others."""
 
-    def __init__(self, dd, peers, deadline):
+    def __init__(self, dd, comm_name, peers, timeout_s):
         self.dd = dd
+        self.comm_name = comm_name
         self.peers = peers            # [(cluster_id, addr, port)]
-        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
         self.status = RegisterMemStatus.PREPARING
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="llmdd-rank-link", daemon=True)
 
     def _run(self):
-        todo = list(self.peers)
+        todo = [(peer, None) for peer in self.peers]   # (peer, its last status)
         pause = _RETRY_FIRST_S
+        gave_up = False
         while todo and not self.stop.is_set():
             left_ms = int((self.deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
+                gave_up = True
                 break
-            clusters = [llmdd.ClusterInfo(c, (a, p)) for c, a, p in todo]
+            clusters = [llmdd.ClusterInfo(c, (a, p)) for (c, a, p), _ in todo]
             try:
                 _, rets = self.dd.link_clusters_status(clusters, min(_ATTEMPT_MS, left_ms))
             except llmdd.LlmddError:
                 break                  # the instance is gone (finalize)
-            todo = [peer for peer, st in zip(todo, rets) if st not in _LINKED]
+            todo = [(peer, st) for (peer, _), st in zip(todo, rets) if st not in _LINKED]
             if todo:
                 # The peer has not called link() yet, or is not listening yet.
                 self.stop.wait(pause)
                 pause = min(pause * 2, _RETRY_MAX_S)
+        if gave_up:
+            # Before the status says so: a caller that sees FAILED finds it.
+            _log.error("link(%r): not linked within HCCL_CONNECT_TIMEOUT (%d s): %s",
+                       self.comm_name, self.timeout_s, "; ".join(
+                           f"cluster {c} at {_listen_text(a, p)}: {_status_name(st)}"
+                           for (c, a, p), st in todo))
         self.status = RegisterMemStatus.OK if not todo else RegisterMemStatus.FAILED
 
 
@@ -148,7 +164,7 @@ class RankTableLinks:
         self._listen(dd, ranks[my_rank], base + my_rank)
         peers = [(c, ranks[r], base + r) for c, r in sorted(cluster_rank_info.items())
                  if c != me]
-        domain = _Domain(dd, peers, time.monotonic() + max(timeout_s, 1))
+        domain = _Domain(dd, comm_name, peers, max(timeout_s, 1))
         with self._lock:
             comm_id = self._next_id
             self._next_id += 1
@@ -204,6 +220,15 @@ class RankTableLinks:
             d.stop.set()
         for d in domains:
             d.thread.join()
+
+
+def _status_name(code):
+    if code is None:
+        return "not tried"
+    try:
+        return llmdd.Status(int(code)).name
+    except ValueError:
+        return f"status {int(code):#x}"
 
 
 def _status(code):

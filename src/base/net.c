@@ -422,10 +422,20 @@ llmdd__sock_keepalive(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
+/* Whether a failed connect's errno says the peer refused it or did not
+ * answer (the far side's doing, which a later try may not meet), rather
+ * than a failure of our own. */
+static bool
+connect_missed(int err)
+{
+    return err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH ||
+           err == ENETUNREACH || err == ECONNRESET || err == ECONNABORTED;
+}
+
 int
 llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
                const llmdd__sockaddr *from, int64_t deadline_ms,
-               llmdd_status *status)
+               enum llmdd__log_level miss_level, llmdd_status *status)
 {
     char name[80];
     int fd, err = 0;
@@ -458,7 +468,7 @@ llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
     }
     int w = llmdd__wait_fd(stop_fd, fd, POLLOUT, deadline_ms);
     if (w == 0) {
-        log_error("connect to %s: timed out", name);
+        LLMDD_LOG(miss_level, "connect to %s: timed out", name);
         close(fd);
         *status = LLM_TIMEOUT;
         return -1;
@@ -468,7 +478,10 @@ llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
         goto fail;
     return fd;
 fail:
-    log_error("connect to %s: %s", name, strerror(err ? err : ECONNABORTED));
+    if (err == 0)
+        err = ECONNABORTED; /* stop_fd fired, or no SO_ERROR to read */
+    LLMDD_LOG(connect_missed(err) ? miss_level : LLMDD_LOG_ERROR,
+              "connect to %s: %s", name, strerror(err));
     close(fd);
     *status = LLM_LINK_FAILED;
     return -1;

@@ -9,6 +9,8 @@
 #ifndef LLMDD_BASE_NET_H
 #define LLMDD_BASE_NET_H
 
+#include "base/log.h"
+
 #include <llmdd/llmdd.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -119,11 +121,15 @@ int llmdd__recv_msg(int stop_fd, int fd, uint16_t *type, uint8_t *buf,
 /*
  * Connects a non-blocking TCP socket to addr by the deadline. Returns the fd,
  * or -1 with *status set: LLM_LINK_FAILED (refused, unreachable) or
- * LLM_TIMEOUT.
+ * LLM_TIMEOUT. A connect the peer refused or did not answer (reset,
+ * unreachable, timed out, or stop_fd fired) is logged at miss_level: the
+ * caller knows whether its caller retries (a link call: info) or the
+ * failure is final (error); a local failure (socket, bind, no address or
+ * port left) always at error.
  */
 int llmdd__connect(int stop_fd, const llmdd__sockaddr *addr,
                    const llmdd__sockaddr *from, int64_t deadline_ms,
-                   llmdd_status *status);
+                   enum llmdd__log_level miss_level, llmdd_status *status);
 
 /*
  * TCP_NODELAY, TCP_USER_TIMEOUT (user_timeout_ms: how long sent data may

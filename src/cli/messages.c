@@ -21,7 +21,8 @@ cm_hint(llmdd_status st)
 {
     switch (st) {
     case LLM_LINK_FAILED:
-        return "the library's error line above says which: nothing listens "
+        return "the library's log says which (a refused connect is an "
+               "info line: LLMDD_LOG_LEVEL=info shows it): nothing listens "
                "there (connection refused: is `llmdd serve` running?), the "
                "peer is another cluster id than --remote-cluster-id, the "
                "two sides' llm.AuthToken differ (-o llm.AuthToken=...), or, "

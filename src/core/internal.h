@@ -308,6 +308,13 @@ void llmdd__assist_stop(llmdd *dd);
 
 /* LLM_SUCCESS when dd is initialized, else LLM_FAILED; takes dd->lock. */
 llmdd_status llmdd__ready(llmdd *dd);
+/*
+ * The level a link call's failure with status st is logged at: info where
+ * callers retry it (LLM_PROCESSING_LINK, LLM_LINK_BUSY, LLM_TIMEOUT) or it
+ * is an expected answer (LLM_ALREADY_LINK), error otherwise
+ * (docs/operations.md, Logs).
+ */
+enum llmdd__log_level llmdd__link_fail_level(llmdd_status st);
 /* llm.SyncKvCacheWaitTime in ms; takes dd->lock. */
 uint32_t llmdd__wait_ms(llmdd *dd);
 /* TCP_USER_TIMEOUT for the instance's connections; takes dd->lock. */

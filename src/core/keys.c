@@ -280,8 +280,12 @@ llmdd_lookup_remote_key(llmdd *dd, uint64_t cluster_id, const void *key,
         return st;
     /* The control thread decoded it to find its sequence number. */
     (void)llmdd__wire_key_reply_decode(w.reply, w.len, &r);
-    if (r.status != LLM_SUCCESS)
+    if (r.status != LLM_SUCCESS) {
+        /* Expected while the prompt has not keyed its cache yet. */
+        log_info("cluster %llu has no cache under the key looked up",
+                 (unsigned long long)cluster_id);
         return LLM_KV_CACHE_NOT_EXIST;
+    }
     *index_out = (llmdd_cache_index){.cluster_id = cluster_id,
                                      .cache_id = r.cache_id,
                                      .batch_index = r.batch_index};

@@ -461,8 +461,10 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
     bool to;
     int fd;
 
+    /* The peer's listener answered the link's control connection: its
+     * refusing this one now is final. */
     fd = llmdd__connect(dd->stop_fd, &link->peer.addr, &link->bind_addr,
-                       deadline, &st);
+                        deadline, LLMDD_LOG_ERROR, &st);
     if (fd < 0)
         return -1;
     llmdd__sock_tune(fd, llmdd__user_timeout(dd));
@@ -475,8 +477,12 @@ llmdd__data_connect(llmdd__link *link, uint32_t flags, int64_t deadline)
         type != WMSG_DATA_REPLY ||
         llmdd__wire_u32_decode(buf, len, &status) != 0 ||
         status != LLM_SUCCESS) {
+        /* Not answered by the link call's deadline: that call's
+         * LLM_TIMEOUT, which callers retry. */
         if (!llmdd__cancelled())
-            log_error("data connection to cluster %llu %s",
+            LLMDD_LOG(to && deadline == link->deadline_ms ? LLMDD_LOG_INFO
+                                                          : LLMDD_LOG_ERROR,
+                      "data connection to cluster %llu %s",
                       (unsigned long long)link->peer.cluster_id,
                       to ? "not answered in time" : "refused");
         close(fd);

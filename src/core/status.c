@@ -1,5 +1,7 @@
 #include <llmdd/llmdd.h>
 
+#include "core/internal.h"
+
 /* The C macros are the list's mirror: a value that drifts fails the build. */
 #define CHECK_MACRO(name, value) _Static_assert(name == value, #name);
 LLMDD_STATUS_MAP(CHECK_MACRO)
@@ -26,4 +28,18 @@ const char *
 llmdd_version(void)
 {
     return VSTR(LLMDD_VERSION_MAJOR, LLMDD_VERSION_MINOR, LLMDD_VERSION_PATCH);
+}
+
+enum llmdd__log_level
+llmdd__link_fail_level(llmdd_status st)
+{
+    switch (st) {
+    case LLM_PROCESSING_LINK:
+    case LLM_LINK_BUSY:
+    case LLM_TIMEOUT:
+    case LLM_ALREADY_LINK:
+        return LLMDD_LOG_INFO;
+    default:
+        return LLMDD_LOG_ERROR;
+    }
 }

@@ -350,9 +350,9 @@ unlink_serve_main(void *arg)
         ctrl_of(link)->unlink_acked |= acked;
         pthread_mutex_unlock(&dd->lock);
     } else {
-        log_error("cluster %llu unlinked: our transfers on the link did not "
-                  "end in time; not confirmed",
-                  (unsigned long long)link->peer.cluster_id);
+        log_warn("cluster %llu unlinked: our transfers on the link did not "
+                 "end in time; not confirmed",
+                 (unsigned long long)link->peer.cluster_id);
     }
     pthread_mutex_lock(&dd->lock);
     ctrl_of(link)->peer_unlink = PEER_UNLINK_DONE;

@@ -171,17 +171,17 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         log_error("handshake: no random bytes: %s", strerror(errno));
         rep.status = LLM_FAILED;
     } else if (h->cluster_id == dd->cluster_id) {
-        log_error("handshake: peer has our own cluster id %llu",
+        log_warn("handshake: peer has our own cluster id %llu",
                   (unsigned long long)h->cluster_id);
         rep.status = LLM_LINK_FAILED;
     } else if (h->auth != rep.auth) {
-        log_error("handshake: cluster %llu %s an auth token and we %s",
+        log_warn("handshake: cluster %llu %s an auth token and we %s",
                   (unsigned long long)h->cluster_id,
                   h->auth ? "has" : "does not have",
                   rep.auth ? "do" : "do not");
         rep.status = LLM_LINK_FAILED;
     } else if (full) {
-        log_error("handshake: cluster %llu refused: %u links served "
+        log_warn("handshake: cluster %llu refused: %u links served "
                   "(llm.MaxLinks)",
                   (unsigned long long)h->cluster_id, dd->opts.max_links);
         rep.status = LLM_CLUSTER_NUM_EXCEED_LIMIT;
@@ -208,7 +208,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     res.status = LLM_LINK_FAILED;
     if (token != NULL && !auth_ok(token, "llmdd-client", h->cnonce, rep.snonce,
                                   h->cluster_id, dd->cluster_id, conf.mac)) {
-        log_error("handshake: cluster %llu failed authentication",
+        log_warn("handshake: cluster %llu failed authentication",
                   (unsigned long long)h->cluster_id);
         goto reply;
     }
@@ -225,7 +225,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     if (link->ops == NULL || !link->ops->reaches(link) ||
         (strcmp(dd->opts.transport, "auto") != 0 &&
          strcmp(dd->opts.transport, conf.transport) != 0)) {
-        log_error("handshake: cluster %llu wants transport %s; refused",
+        log_warn("handshake: cluster %llu wants transport %s; refused",
                   (unsigned long long)h->cluster_id, conf.transport);
         goto reply;
     }
@@ -338,7 +338,7 @@ link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)
                  (unsigned long long)cluster);
         return LLM_SUCCESS;
     }
-    log_error("link to cluster %llu: its crossing link call did not arrive "
+    log_info("link to cluster %llu: its crossing link call did not arrive "
               "in time",
               (unsigned long long)cluster);
     return LLM_TIMEOUT;
@@ -400,7 +400,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
     llmdd__sockaddr from;
     llmdd__parse_ip_info(&ci->remote_ip_infos[0], &addr);
     llmdd__link_local_addr(ci, &addr, &from); /* checked by check_clusters */
-    fd = llmdd__connect(dd->stop_fd, &addr, &from, deadline, &st);
+    fd = llmdd__connect(dd->stop_fd, &addr, &from, deadline, LLMDD_LOG_INFO,
+                        &st);
     if (fd < 0)
         return st;
     /* Our end, so a server in this process can prove we are one (loop). */
@@ -432,7 +433,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
             st = LLM_TIMEOUT;
         /* A peer of another protocol version (llmdd 0.3 speaks 2) closes
          * at our HELLO without a word: say so, since nothing else will. */
-        log_error("link to cluster %llu: handshake %s",
+        LLMDD_LOG(to ? LLMDD_LOG_INFO : LLMDD_LOG_ERROR,
+                  "link to cluster %llu: handshake %s",
                   (unsigned long long)ci->remote_cluster_id,
                   to ? "timed out"
                      : "failed (the peer closed the connection; a peer of "
@@ -449,7 +451,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         goto err_fd;
     }
     if (rep.status != LLM_SUCCESS) {
-        log_error("link to cluster %llu: refused by the peer (%s)",
+        LLMDD_LOG(llmdd__link_fail_level(rep.status),
+                  "link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)ci->remote_cluster_id,
                   llmdd_status_str(rep.status));
         if (rep.status == LLM_CLUSTER_NUM_EXCEED_LIMIT)
@@ -521,7 +524,8 @@ llmdd__link_handshake(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline)
         log_info("link to cluster %llu: the peer has a link with us",
                  (unsigned long long)rep.cluster_id);
     } else if (res.status != LLM_SUCCESS) {
-        log_error("link to cluster %llu: refused by the peer (%s)",
+        LLMDD_LOG(llmdd__link_fail_level(res.status),
+                  "link to cluster %llu: refused by the peer (%s)",
                   (unsigned long long)rep.cluster_id,
                   llmdd_status_str(res.status));
     }

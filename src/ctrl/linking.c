@@ -115,7 +115,7 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
                  "arrived first)",
                  (unsigned long long)cluster);
     else if (st == LLM_ALREADY_LINK)
-        log_error("link to cluster %llu: already linked",
+        log_info("link to cluster %llu: already linked",
                   (unsigned long long)cluster);
     return st;
 }

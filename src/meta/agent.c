@@ -613,17 +613,19 @@ llmdd__meta_resolve(const char *server, const char *prefix,
     snprintf(key, sizeof(key), "%s/clusters/%" PRIu64, prefix, cluster_id);
     int rc = llmdd__etcd_get(&etcd, key, -1, deadline_ms, &found, val,
                              sizeof(val), &vlen);
+    /* A link call's LLM_TIMEOUT and a lookup that found nothing: callers
+     * retry both (a peer not published yet), so info. */
     if (rc == ETCD_UNREACHABLE) {
-        log_error("link to cluster %" PRIu64 ": the metadata server did not "
-                  "answer in time",
-                  cluster_id);
+        log_info("link to cluster %" PRIu64 ": the metadata server did not "
+                 "answer in time",
+                 cluster_id);
         return LLM_TIMEOUT;
     }
     if (rc != ETCD_OK)
         return LLM_LINK_FAILED;
     if (!found) {
-        log_error("link to cluster %" PRIu64 ": not published (%s)",
-                  cluster_id, key);
+        log_info("link to cluster %" PRIu64 ": not published (%s)", cluster_id,
+                 key);
         return LLM_LINK_FAILED;
     }
     if (llmdd__meta_entry_decode(val, vlen, &e) != LLM_SUCCESS ||

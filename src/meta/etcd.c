@@ -103,7 +103,8 @@ call_one(const char *url, const char *path, const char *body,
     } else if (cc != CURLE_OK) {
         log_debug("metadata server %s: %s", url, curl_easy_strerror(cc));
     } else if (code >= 500 || code == 0) {
-        log_warn("metadata server %s%s: HTTP %ld", url, path, code);
+        /* Retried, on the next endpoint or after a pause. */
+        log_debug("metadata server %s%s: HTTP %ld", url, path, code);
     } else {
         cJSON *j = cJSON_ParseWithLength(b.buf ? b.buf : "", b.len);
         if (code != 200 || !cJSON_IsObject(j)) {

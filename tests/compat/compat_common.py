@@ -5,10 +5,12 @@ against. The device runtime (torch_npu, torchair) is the host-memory
 stand-in of stubs/."""
 
 import datetime
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -22,16 +24,28 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(script, per_process_args, timeout=120):
+def launch(script, per_process_args, timeout=120, no_error_lines=False):
     """Runs `script` once per argument list, all at once, in a process
     group of that size; returns 0 when every process exited with 0. A
-    process still running at the timeout is killed (and fails the run)."""
+    process still running at the timeout is killed (and fails the run).
+
+    no_error_lines: judge the run as the reference's example runner does.
+    It starts both sides at once, each with its output (stdout and stderr
+    together) in a file, and fails a run whose output holds "error" in
+    any case anywhere. The log level is the default one."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(len(per_process_args)))
+    outs = []
+    if no_error_lines:
+        env.pop("LLMDD_LOG_LEVEL", None)
+        env.pop("LLMDD_LOG_FORMAT", None)
     procs = []
     for rank, args in enumerate(per_process_args):
+        out = tempfile.TemporaryFile() if no_error_lines else None
+        outs.append(out)
         procs.append(subprocess.Popen([sys.executable, script, "--rank", str(rank)] + args,
-                                      env=env))
+                                      env=env, stdout=out,
+                                      stderr=subprocess.STDOUT if out else None))
     end = time.monotonic() + timeout
     failed = 0
     for p in procs:
@@ -43,6 +57,18 @@ def launch(script, per_process_args, timeout=120):
             print(f"{script}: process {p.args[3:]} timed out", flush=True)
         if rc != 0:
             print(f"{script}: process {p.args[3:]} exited with {rc}", flush=True)
+            failed += 1
+    for p, out in zip(procs, outs):
+        if out is None:
+            continue
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+        out.close()
+        print(text, end="", flush=True)
+        bad = [line for line in text.splitlines() if "error" in line.lower()]
+        if bad:
+            print(f"{script}: process {p.args[3:]} printed {len(bad)} line(s) "
+                  f"with \"error\", the first: {bad[0]!r}", flush=True)
             failed += 1
     return 1 if failed else 0
 
@@ -78,3 +104,40 @@ def same(a, b):
     """Bytewise equality of two tensors of one shape and type."""
     return a.shape == b.shape and a.dtype == b.dtype and \
         a.contiguous().numpy().tobytes() == b.contiguous().numpy().tobytes()
+
+
+def wait_link_refused(datadist, timeout=60):
+    """Waits until a link attempt of datadist's instance has failed (its
+    peer not listening yet), as its metrics count them: a program that
+    links before its peer listens then has been refused at least once."""
+    end = time.monotonic() + timeout
+    while True:
+        for line in datadist._dd.metrics_text().splitlines():
+            if line.startswith("llmdd_link_attempts_total{") and \
+                    'status="LLM_SUCCESS"' not in line:
+                return
+        check(time.monotonic() < end, "no link attempt failed")
+        time.sleep(0.01)
+
+
+def single_host_rank_table(host_ip):
+    """A rank table of one server holding ranks 0 and 1, as the reference's
+    samples build for a run on one machine (is_single)."""
+    return json.dumps({"server_count": "1", "status": "completed", "version": "1.2",
+                       "server_list": [{"device": [
+                           {"device_id": "0", "device_ip": "192.0.2.10", "rank_id": "0"},
+                           {"device_id": "1", "device_ip": "192.0.2.11", "rank_id": "1"}],
+                           "host_ip": host_ip, "server_id": "1"}]})
+
+
+def rank_base_port():
+    """A port p with p and p + 1 free: ranks 0 and 1 listen there
+    (LLMDD_RANK_BASE_PORT)."""
+    while True:
+        base = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            pass

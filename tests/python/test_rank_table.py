@@ -4,6 +4,7 @@ unlink(comm_id), in either call order, with a timeout when the other side
 never calls (docs/python.md)."""
 
 import json
+import logging
 import socket
 import time
 
@@ -112,7 +113,7 @@ def test_link_either_order(ports, first):
         p.finalize()
 
 
-def test_link_times_out_when_the_peer_never_calls(ports, monkeypatch):
+def test_link_times_out_when_the_peer_never_calls(ports, monkeypatch, caplog):
     monkeypatch.setenv("HCCL_CONNECT_TIMEOUT", "1")
     d = instance(LLMRole.DECODER, 2)
     try:
@@ -121,6 +122,12 @@ def test_link_times_out_when_the_peer_never_calls(ports, monkeypatch):
         assert d.query_register_mem_status(c) == RegisterMemStatus.PREPARING
         wait_status(d, c, RegisterMemStatus.FAILED, timeout=10)
         assert 0.9 < time.monotonic() - t0 < 8
+        # Every refused attempt was retried quietly; giving up is the one
+        # error, with the peer and its last status.
+        errors = [r for r in caplog.records
+                  if r.name == "llm_datadist" and r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert f"cluster 1 at 127.0.0.1:{ports}: LLM_LINK_FAILED" in errors[0].getMessage()
         with pytest.raises(LLMException) as e:
             d.check_link_status(1)
         assert e.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK

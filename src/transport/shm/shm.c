@@ -397,7 +397,8 @@ shm_accept_sock(shm_link *sl, bool want)
     }
     shm_unlisten(sl);
     if (fd < 0) {
-        log_error("shm: cluster %llu never connected its socket", cid);
+        /* The peer's link call failed or gave up, and says why. */
+        log_info("shm: cluster %llu never connected its socket", cid);
         llmdd__link_drop(link, "shm: socket not connected");
         return;
     }
@@ -487,9 +488,10 @@ shm_client_init(shm_link *sl)
         if (k == -1 &&
             llmdd__shm_poll(sl, sl->sock, POLLIN, link->deadline_ms, true) == 1)
             continue;
-        log_error("shm: cluster %llu: no READY on %s", cid, sl->path);
-        return llmdd__now_ms() >= link->deadline_ms ? LLM_TIMEOUT
-                                                    : LLM_LINK_FAILED;
+        bool late = llmdd__now_ms() >= link->deadline_ms;
+        LLMDD_LOG(late ? LLMDD_LOG_INFO : LLMDD_LOG_ERROR,
+                  "shm: cluster %llu: no READY on %s", cid, sl->path);
+        return late ? LLM_TIMEOUT : LLM_LINK_FAILED;
     }
     llmdd_status st = llmdd__stream_connect(sl->stream);
     if (st != LLM_SUCCESS)

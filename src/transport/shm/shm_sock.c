@@ -576,7 +576,7 @@ llmdd__shm_reader(shm_link *sl)
         if (k == -1) {
             if (llmdd__shm_poll(sl, sl->sock, POLLIN, INT64_MAX, true) == 1)
                 continue;
-            why = "shm: socket error";
+            why = "shm: the socket failed";
             break;
         }
         if (k == 0) {
@@ -588,7 +588,7 @@ llmdd__shm_reader(shm_link *sl)
         if (k == 1 && m.fd >= 0)
             close(m.fd); /* a descriptor where none belongs */
         if (rc != 0) {
-            why = "shm: socket error or bad message";
+            why = "shm: the socket failed, or a bad message";
             pthread_mutex_lock(&sl->lock);
             bool down = sl->down; /* a reply that could not go out */
             pthread_mutex_unlock(&sl->lock);
