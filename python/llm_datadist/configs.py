@@ -4,20 +4,13 @@ import enum
 import ipaddress
 import socket
 
-from .status import LLMException, LLMStatusCode, raise_if_false
+from .status import LLMException, LLMStatusCode, raise_if_false, check_int, as_int
 
 
 class LLMRole(enum.Enum):
     PROMPT = 1
     DECODER = 2
     MIX = 3
-
-
-def _check_int(name, v, lo, hi):
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
 
 
 def _ip_to_str(ip):
@@ -29,10 +22,8 @@ def _ip_to_str(ip):
         except ValueError:
             raise ValueError(f"Can not parse ip str:{ip}") from None
         return ip
-    if isinstance(ip, int) and not isinstance(ip, bool):
-        _check_int("ip", ip, 0, 2**32 - 1)
-        return socket.inet_ntoa(ip.to_bytes(4, "little"))
-    raise TypeError(f"ip must be a str or an int, got {type(ip).__name__}")
+    ip = check_int("ip", ip, 0, 2**32 - 1)
+    return socket.inet_ntoa(ip.to_bytes(4, "little"))
 
 
 class LLMClusterInfo:
@@ -50,8 +41,7 @@ class LLMClusterInfo:
 
     @remote_cluster_id.setter
     def remote_cluster_id(self, v):
-        _check_int("remote_cluster_id", v, 0, 2**64 - 1)
-        self._remote_cluster_id = v
+        self._remote_cluster_id = check_int("remote_cluster_id", v, 0, 2**64 - 1)
 
     @property
     def remote_role_type(self):
@@ -59,9 +49,8 @@ class LLMClusterInfo:
 
     @remote_role_type.setter
     def remote_role_type(self, v):
-        if not isinstance(v, (LLMRole, int)) or isinstance(v, bool):
-            raise TypeError("remote_role_type must be an LLMRole or an int")
-        self._remote_role_type = v
+        self._remote_role_type = v if isinstance(v, LLMRole) \
+            else as_int("remote_role_type", v)
 
     @property
     def local_ip_info_list(self):
@@ -72,11 +61,11 @@ class LLMClusterInfo:
         return self._remote_ip_info_list
 
     def append_local_ip_info(self, ip, port):
-        _check_int("port", port, 0, 65535)
+        port = check_int("port", port, 0, 65535)
         self._local_ip_info_list.append((_ip_to_str(ip), port))
 
     def append_remote_ip_info(self, ip, port):
-        _check_int("port", port, 0, 65535)
+        port = check_int("port", port, 0, 65535)
         self._remote_ip_info_list.append((_ip_to_str(ip), port))
 
     def __repr__(self):
@@ -150,10 +139,9 @@ class LLMConfig:
     @device_id.setter
     def device_id(self, v):
         if isinstance(v, (list, tuple)):
-            for d in v:
-                _check_int("device_id", d, 0, 2**31 - 1)
+            v = [check_int("device_id", d, 0, 2**31 - 1) for d in v]
         else:
-            _check_int("device_id", v, 0, 2**31 - 1)
+            v = check_int("device_id", v, 0, 2**31 - 1)
         self._device_id = v
 
     @property
@@ -165,10 +153,8 @@ class LLMConfig:
         if isinstance(v, str):
             raise_if_false(v.isdigit(), "sync_kv_timeout must be digit.")
             iv = int(v)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            iv = v
         else:
-            raise TypeError("sync_kv_timeout must be an int or a str of digits")
+            iv = v = as_int("sync_kv_timeout", v)
         raise_if_false(0 < iv <= 2**31 - 1, "sync_kv_timeout should be greater than zero.")
         self._sync_kv_timeout = v
 

@@ -5,7 +5,7 @@ import llmdd
 from .cache_manager import CacheManager
 from .configs import LLMClusterInfo, LLMRole
 from .rank_table import RankTableLinks
-from .status import LLMStatusCode, code_2_status, raise_if_false, translate
+from .status import LLMStatusCode, code_2_status, raise_if_false, translate, as_int, check_int
 
 # Keys the Python layer consumes (the reference's modes); never sent to C.
 _PY_ONLY = {"llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
@@ -64,9 +64,7 @@ class LLMDataDist:
 
     def __init__(self, role, cluster_id):
         _role(role)
-        if not isinstance(cluster_id, int) or isinstance(cluster_id, bool) or \
-                not 0 <= cluster_id < 2**64:
-            raise TypeError("cluster_id must be an int in [0, 2**64)")
+        cluster_id = check_int("cluster_id", cluster_id, 0, 2**64 - 1)
         self._role = role
         self._cluster_id = cluster_id
         self._dd = None
@@ -114,14 +112,14 @@ class LLMDataDist:
 
     @staticmethod
     def _timeout(timeout):
-        if not isinstance(timeout, int) or isinstance(timeout, bool):
-            raise TypeError("timeout must be an int")
+        timeout = as_int("timeout", timeout)
         raise_if_false(0 < timeout <= 2**31 - 1, "Param timeout should be greater than 0.")
+        return timeout
 
     def link_clusters(self, clusters, timeout=3000):
         """Returns (LLMStatusCode, [LLMStatusCode per cluster])."""
         dd = self._inited()
-        self._timeout(timeout)
+        timeout = self._timeout(timeout)
         cl = _clusters(clusters, True)
         with translate("[link_clusters]"):
             st, rets = dd.link_clusters_status(cl, timeout)
@@ -130,7 +128,7 @@ class LLMDataDist:
 
     def unlink_clusters(self, clusters, timeout=3000, force=False):
         dd = self._inited()
-        self._timeout(timeout)
+        timeout = self._timeout(timeout)
         if not isinstance(force, bool):
             raise TypeError("force must be a bool")
         cl = _clusters(clusters, False)     # a link is known by its id
@@ -175,8 +173,7 @@ class LLMDataDist:
         llm.SyncKvCacheWaitTime; raises LLMException (LLM_NOT_YET_LINK: no
         live link, LLM_TIMEOUT: no answer in time) otherwise."""
         dd = self._inited()
-        if not isinstance(remote_cluster_id, int) or isinstance(remote_cluster_id, bool):
-            raise TypeError("remote_cluster_id must be an int")
+        remote_cluster_id = as_int("remote_cluster_id", remote_cluster_id)
         with translate("[check_link_status]"):
             dd.check_link(remote_cluster_id, self._cache_manager._sync_timeout_ms)
 

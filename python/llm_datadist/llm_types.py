@@ -7,20 +7,14 @@ import math
 import struct
 
 from .data_type import DataType
-from .status import LLMException, LLMStatusCode, raise_if_false
+from .status import (LLMException, LLMStatusCode, raise_if_false, check_int,
+                     check_ints, as_int)
 
 _INVALID_ID = 2**64 - 1
 _U64 = 2**64 - 1
 _U32 = 2**32 - 1
 _I64 = 2**63 - 1
 _DT_SIZE = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}
-
-
-def _check_int(name, v, lo, hi):
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
 
 
 class Placement(enum.Enum):
@@ -40,10 +34,11 @@ class CacheDesc:
 
     def __init__(self, num_tensors, shape, data_type, placement=Placement.DEVICE,
                  batch_dim_index=0, seq_len_dim_index=-1, kv_tensor_format=None):
-        _check_int("num_tensors", num_tensors, 0, _U32)
-        if not isinstance(shape, (list, tuple)) or not all(
-                isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise TypeError("shape must be a list or tuple of ints")
+        num_tensors = check_int("num_tensors", num_tensors, 0, _U32)
+        shape = check_ints("shape", shape)
+        batch_dim_index = as_int("batch_dim_index", batch_dim_index)
+        seq_len_dim_index = check_int("seq_len_dim_index", seq_len_dim_index,
+                                      -2**31, 2**31 - 1)
         if not isinstance(data_type, DataType):
             raise TypeError("data_type must be a DataType")
         if not isinstance(placement, Placement):
@@ -123,9 +118,9 @@ class Cache:
     def create_cpu_cache(cls, cache_desc, addrs):
         if not isinstance(cache_desc, CacheDesc):
             raise TypeError("cache_desc must be a CacheDesc")
-        if not isinstance(addrs, list) or not all(
-                isinstance(a, int) and not isinstance(a, bool) for a in addrs):
+        if not isinstance(addrs, list):
             raise TypeError("addrs must be a list of ints")
+        addrs = check_ints("addrs", addrs)
         raise_if_false(cache_desc.placement == Placement.HOST,
                        "cache_desc placement must be HOST")
         raise_if_false(cache_desc.num_tensors == len(addrs),
@@ -166,7 +161,7 @@ class CacheKey:
         self._model_id = kw.get("model_id", 0)
         self._prefix_id = kw.get("prefix_id", _INVALID_ID)
         for n in ("cluster_id", "req_id", "model_id", "prefix_id"):
-            _check_int(n, getattr(self, "_" + n), 0, _U64)
+            setattr(self, "_" + n, check_int(n, getattr(self, "_" + n), 0, _U64))
 
     cluster_id = property(lambda self: self._cluster_id)
     prompt_cluster_id = cluster_id
@@ -190,8 +185,8 @@ class BlocksCacheKey:
         kw = _kwargs_key(args, kwargs, ("cluster_id", "model_id"), 2)
         self._cluster_id = kw["cluster_id"]
         self._model_id = kw.get("model_id", 0)
-        _check_int("cluster_id", self._cluster_id, 0, _U64)
-        _check_int("model_id", self._model_id, 0, _U64)
+        self._cluster_id = check_int("cluster_id", self._cluster_id, 0, _U64)
+        self._model_id = check_int("model_id", self._model_id, 0, _U64)
 
     cluster_id = property(lambda self: self._cluster_id)
     prompt_cluster_id = cluster_id
@@ -208,9 +203,9 @@ class CacheKeyByIdAndIndex:
     """Names a remote cache directly: (cluster_id, cache_id, batch_index=0)."""
 
     def __init__(self, cluster_id, cache_id, batch_index=0):
-        _check_int("cluster_id", cluster_id, 0, _U64)
-        _check_int("cache_id", cache_id, -2**63, _I64)
-        _check_int("batch_index", batch_index, 0, _U32)
+        cluster_id = check_int("cluster_id", cluster_id, 0, _U64)
+        cache_id = check_int("cache_id", cache_id, -2**63, _I64)
+        batch_index = check_int("batch_index", batch_index, 0, _U32)
         self._cluster_id = cluster_id
         self._cache_id = cache_id
         self._batch_index = batch_index
@@ -249,11 +244,11 @@ class TransferConfig:
     LLM_FEATURE_NOT_ENABLED; use TransferWithCacheKeyConfig."""
 
     def __init__(self, dst_cluster_id, dst_addrs, src_layer_range=None, src_batch_index=0):
-        _check_int("dst_cluster_id", dst_cluster_id, 0, _U64)
+        dst_cluster_id = check_int("dst_cluster_id", dst_cluster_id, 0, _U64)
         if not isinstance(dst_addrs, (list, tuple)):
             raise TypeError("dst_addrs must be a list of ints")
         check_layer_range("src_layer_range", src_layer_range)
-        _check_int("src_batch_index", src_batch_index, 0, _U32)
+        src_batch_index = check_int("src_batch_index", src_batch_index, 0, _U32)
         self.dst_cluster_id = dst_cluster_id
         self.dst_addrs = list(dst_addrs)
         self.src_layer_range = src_layer_range
@@ -274,7 +269,7 @@ class TransferWithCacheKeyConfig:
         if src_layer_range is not None and dst_layer_range is not None:
             raise_if_false(len(src_layer_range) == len(dst_layer_range),
                            "src_layer_range size should be equal to dst_layer_range size")
-        _check_int("src_batch_index", src_batch_index, 0, _U32)
+        src_batch_index = check_int("src_batch_index", src_batch_index, 0, _U32)
         raise_if_false(not (isinstance(cache_key, BlocksCacheKey) and src_batch_index != 0),
                        "src_batch_index should be 0 when cache_key is BlocksCacheKey.")
         self.cache_key = cache_key
@@ -294,7 +289,7 @@ class CacheTask:
 
     def _join(self, timeout_in_millis):
         if timeout_in_millis is not None:
-            _check_int("timeout_in_millis", timeout_in_millis, 0, _U32)
+            timeout_in_millis = check_int("timeout_in_millis", timeout_in_millis, 0, _U32)
         self._thread.join(None if timeout_in_millis is None else timeout_in_millis / 1000)
         return not self._thread.is_alive()
 

@@ -3,6 +3,7 @@
 import enum
 
 import llmdd
+from llmdd._values import as_int, as_ints
 
 _members = [(s.name, int(s)) for s in llmdd.Status]
 # The reference's Python names for two constants (aliases, same values).
@@ -30,6 +31,24 @@ class LLMException(RuntimeError):
     @property
     def status_code(self):
         return self._status_code
+
+
+def check_int(name, v, lo, hi):
+    """v as a Python int in [lo, hi], by llmdd's rule for integers
+    (llmdd._values.as_int: ints, numpy and torch integers; not floats,
+    strings or bools): TypeError, or ValueError out of range, as the
+    reference's check_uint64 and its kin raise."""
+    v = as_int(name, v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
+    return v
+
+
+def check_ints(name, v):
+    """A list, tuple or 1-d integer array of integers as a list of ints."""
+    if not isinstance(v, (list, tuple)) and not hasattr(v, "dtype"):
+        raise TypeError(f"{name} must be a list or tuple of ints")
+    return as_ints(name, v)
 
 
 def raise_if_false(pred, msg, status_code=LLMStatusCode.LLM_PARAM_INVALID):
