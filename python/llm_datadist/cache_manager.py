@@ -14,7 +14,8 @@ import llmdd
 
 from .llm_types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex,
                         LayerSynchronizer, Placement, TransferConfig,
-                        TransferWithCacheKeyConfig, CacheTask, check_layer_range, _INVALID_ID)
+                        TransferWithCacheKeyConfig, CacheTask, MemInfo, check_layer_range,
+                        _INVALID_ID)
 from .status import (LLMException, LLMStatusCode, code_2_status, raise_if_false, translate,
                      check_int, check_ints, as_int)
 
@@ -221,8 +222,22 @@ class CacheManager:
             self._dd.remove_cache_key(cache_key._key_bytes())
 
     def remap_registered_memory(self, mem_infos):
+        """The reference remaps device memory after a hardware memory fault
+        (UCE); llmdd has no device memory to remap."""
+        items = mem_infos if isinstance(mem_infos, list) else [mem_infos]
+        if not all(isinstance(m, MemInfo) for m in items):
+            raise TypeError("mem_infos must be a MemInfo or a list of MemInfo")
         raise LLMException("remap_registered_memory needs Ascend device memory; "
                            "llmdd has none", status_code=_NOT_ENABLED)
+
+    @staticmethod
+    def check_cache_key(cache_key):
+        """A CacheKey names a request by exactly one of req_id and prefix_id."""
+        if not isinstance(cache_key, CacheKey):
+            raise TypeError("cache_key must be a CacheKey")
+        raise_if_false((cache_key.req_id == _INVALID_ID) != (cache_key.prefix_id == _INVALID_ID),
+                       "exactly one of req id and prefix id should contain a valid value: "
+                       f"req id:{cache_key.req_id}, prefix id:{cache_key.prefix_id}.")
 
     # ------------------------------------------------------------ transfers
     def pull_cache(self, cache_key, cache, batch_index=0, size=-1, **kwargs):

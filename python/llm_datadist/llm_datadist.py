@@ -3,6 +3,7 @@
 import llmdd
 
 from .cache_manager import CacheManager
+from .kv_cache_manager import KvCacheManager
 from .configs import LLMClusterInfo, LLMRole
 from .rank_table import RankTableLinks
 from .status import LLMStatusCode, code_2_status, raise_if_false, translate, as_int, check_int
@@ -69,6 +70,7 @@ class LLMDataDist:
         self._cluster_id = cluster_id
         self._dd = None
         self._cache_manager = None
+        self._kv_cache_manager = None
         self._rank_links = RankTableLinks(self)
 
     @property
@@ -98,6 +100,9 @@ class LLMDataDist:
         self._rank_links.close()
         dd, self._dd = self._dd, None
         self._cache_manager = None
+        if self._kv_cache_manager is not None:
+            self._kv_cache_manager._initialized = False
+            self._kv_cache_manager = None
         dd.close()
 
     def _inited(self):
@@ -109,6 +114,15 @@ class LLMDataDist:
     def cache_manager(self):
         self._inited()
         return self._cache_manager
+
+    @property
+    def kv_cache_manager(self):
+        """The V1 cache API (KvCacheManager) on this instance's caches; the
+        reference offers it only without enable_cache_manager, llmdd always."""
+        self._inited()
+        if self._kv_cache_manager is None:
+            self._kv_cache_manager = KvCacheManager(self._cache_manager)
+        return self._kv_cache_manager
 
     @staticmethod
     def _timeout(timeout):
