@@ -11,7 +11,6 @@ from .status import LLMStatusCode, code_2_status, raise_if_false, translate, as_
 # Keys the Python layer consumes (the reference's modes); never sent to C.
 _PY_ONLY = {"llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
             "llm.MemoryUtilization", "llm.Role"}
-_RENAMED = {"llm.listenIpInfo": "llm.ListenIpInfo"}
 
 
 def _c_options(options):
@@ -24,7 +23,6 @@ def _c_options(options):
     for k, v in options.items():
         if not isinstance(k, str) or not isinstance(v, (str, int)) or isinstance(v, bool):
             raise TypeError(f"option {k!r}: keys and values must be str")
-        k = _RENAMED.get(k, k)
         if k == "ge.exec.deviceId":
             out.setdefault("llm.DeviceId", str(v).split(";")[0])
         elif k.startswith("llm.") and k not in _PY_ONLY:

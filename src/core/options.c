@@ -402,6 +402,11 @@ static const struct {
     {{LLMDD_OPT_LISTEN, "IP:PORT or [IPv6]:PORT; port 0 lets the kernel pick",
       NULL, "not listening", "listen there for links (the prompt side)"},
      opt_listen},
+    /* The reference's V0-era spelling (its LLMConfig still produces it);
+     * whichever of the two comes last wins. */
+    {{"llm.listenIpInfo", "same as " LLMDD_OPT_LISTEN, NULL, "not listening",
+      "the reference's older spelling of " LLMDD_OPT_LISTEN},
+     opt_listen},
     {{LLMDD_OPT_DEVICE_ID, "integer 0..2147483647", "0", "0",
       "device for caches with device placement"},
      opt_device_id},
