@@ -62,7 +62,11 @@ class CacheDesc:
                  batch_dim_index=0, seq_len_dim_index=-1, kv_tensor_format=None):
         num_tensors = check_int("num_tensors", num_tensors, 0, _U32)
         shape = check_ints("shape", shape)
+        for d in shape:
+            check_int("shape", d, -2**63, _I64)
         batch_dim_index = as_int("batch_dim_index", batch_dim_index)
+        if kv_tensor_format is not None and not isinstance(kv_tensor_format, str):
+            raise TypeError("kv_tensor_format must be a str")
         seq_len_dim_index = check_int("seq_len_dim_index", seq_len_dim_index,
                                       -2**31, 2**31 - 1)
         if not isinstance(data_type, DataType):
@@ -107,7 +111,8 @@ class CacheDesc:
         return math.prod(self._shape) * es
 
     def update_dim(self, dim_index, dim_value):
-        self._shape[dim_index] = dim_value
+        self._shape[as_int("dim_index", dim_index)] = \
+            check_int("dim_value", dim_value, -2**63, _I64)
 
     def _llmdd(self):
         import llmdd

@@ -154,6 +154,8 @@ def test_reference_package_refuses_non_integers():
                      lambda: ld.CacheKeyByIdAndIndex(1, 0, bad),
                      lambda: ld.CacheDesc(bad, [4], ld.DataType.DT_INT8),
                      lambda: ld.CacheDesc(1, [4, bad], ld.DataType.DT_INT8),
+                     lambda: ld.CacheDesc(1, [4], ld.DataType.DT_INT8).update_dim(0, bad),
+                     lambda: ld.CacheDesc(1, [4], ld.DataType.DT_INT8).update_dim(bad, 2),
                      lambda: ld.TransferWithCacheKeyConfig(ld.CacheKeyByIdAndIndex(1, 0),
                                                            src_batch_index=bad),
                      lambda: ld.LLMDataDist(ld.LLMRole.PROMPT, bad),
