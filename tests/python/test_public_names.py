@@ -1,5 +1,5 @@
 """llm_datadist's public names are the reference's __all__ (hicann/hixl
-9ed283b, src/python/llm_datadist/llm_datadist/__init__.py), each works as
+9ed283b, its package's llm_datadist/__init__.py), each works as
 data or raises LLM_FEATURE_NOT_ENABLED naming the feature, and
 docs/python.md's table of the reference's API matches the package."""
 
