@@ -14,24 +14,27 @@ import llmdd
 
 from .llm_types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex,
                         LayerSynchronizer, Placement, TransferConfig,
-                        TransferWithCacheKeyConfig, CacheTask, check_layer_range, _INVALID_ID)
-from .status import (LLMException, LLMStatusCode, code_2_status, raise_if_false, translate)
+                        TransferWithCacheKeyConfig, CacheTask, MemInfo, check_layer_range,
+                        _INVALID_ID)
+from .status import (LLMException, LLMStatusCode, code_2_status, raise_if_false, translate,
+                     check_int, check_ints, as_int)
 
 _NUM_TENSORS_PER_LAYER = 2
 _NOT_ENABLED = LLMStatusCode.LLM_FEATURE_NOT_ENABLED
 
 
-def _check_ints(name, v):
-    if not isinstance(v, (list, tuple)) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise TypeError(f"{name} must be a list or tuple of ints")
-
-
 def _check_tnpl(tnpl):
-    if not isinstance(tnpl, int) or isinstance(tnpl, bool):
-        raise TypeError("tensor_num_per_layer must be an int")
+    tnpl = as_int("tensor_num_per_layer", tnpl)
     raise_if_false(0 < tnpl <= 2**32 - 1,
                    f"tensor_num_per_layer ({tnpl}) is invalid, should be > 0")
+    return tnpl
+
+
+def _check_size(what, size):
+    size = as_int("size", size)
+    raise_if_false(size == -1 or size > 0,
+                   f"{what} size ({size}) is invalid, should be = -1 or > 0")
+    return size
 
 
 class CacheManager:
@@ -118,8 +121,10 @@ class CacheManager:
         raise_if_false(len(addrs) == cache_desc.num_tensors,
                        "addrs length should be equal to num_tensors.")
         for a in addrs:
-            if isinstance(a, int):      # tensors and arrays are checked by llmdd
-                raise_if_false(a != 0, "addr can not be zero.")
+            # An int is an address (as_int refuses a bool); tensors and
+            # arrays are checked by llmdd.
+            if isinstance(a, int):
+                raise_if_false(as_int("addr", a) != 0, "addr can not be zero.")
         d = cache_desc._llmdd()
         with translate(what):
             h = self._dd.register_cache(list(addrs), d)
@@ -207,8 +212,7 @@ class CacheManager:
         cache._tensor_addrs = []
 
     def unregister_cache(self, cache_id):
-        if not isinstance(cache_id, int) or isinstance(cache_id, bool):
-            raise TypeError("cache_id must be an int")
+        cache_id = as_int("cache_id", cache_id)
         self._release("[unregister_cache]", cache_id)   # unknown id: success
 
     def remove_cache_key(self, cache_key):
@@ -218,8 +222,22 @@ class CacheManager:
             self._dd.remove_cache_key(cache_key._key_bytes())
 
     def remap_registered_memory(self, mem_infos):
+        """The reference remaps device memory after a hardware memory fault
+        (UCE); llmdd has no device memory to remap."""
+        items = mem_infos if isinstance(mem_infos, list) else [mem_infos]
+        if not all(isinstance(m, MemInfo) for m in items):
+            raise TypeError("mem_infos must be a MemInfo or a list of MemInfo")
         raise LLMException("remap_registered_memory needs Ascend device memory; "
                            "llmdd has none", status_code=_NOT_ENABLED)
+
+    @staticmethod
+    def check_cache_key(cache_key):
+        """A CacheKey names a request by exactly one of req_id and prefix_id."""
+        if not isinstance(cache_key, CacheKey):
+            raise TypeError("cache_key must be a CacheKey")
+        raise_if_false((cache_key.req_id == _INVALID_ID) != (cache_key.prefix_id == _INVALID_ID),
+                       "exactly one of req id and prefix id should contain a valid value: "
+                       f"req id:{cache_key.req_id}, prefix id:{cache_key.prefix_id}.")
 
     # ------------------------------------------------------------ transfers
     def pull_cache(self, cache_key, cache, batch_index=0, size=-1, **kwargs):
@@ -230,10 +248,9 @@ class CacheManager:
             raise TypeError("cache_key must be a CacheKey or CacheKeyByIdAndIndex")
         h = self._handle(cache)
         raise_if_false(not cache.is_blocks_cache, "cache can not be blocks cache.")
-        raise_if_false(size == -1 or (isinstance(size, int) and size > 0),
-                       f"[pull_cache] size ({size}) is invalid, should be = -1 or > 0")
-        tnpl = kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER)
-        _check_tnpl(tnpl)
+        size = _check_size("[pull_cache]", size)
+        batch_index = check_int("batch_index", batch_index, 0, 2**32 - 1)
+        tnpl = _check_tnpl(kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER))
         sr, dr = self._ranges(kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"))
         self._by_key(cache_key, "[pull_cache]", lambda idx: self._dd.pull_cache(
             idx, h, batch_index, size, src_layers=sr, dst_layers=dr, tensor_num_per_layer=tnpl))
@@ -247,12 +264,11 @@ class CacheManager:
             raise TypeError("src_cache_key must be a BlocksCacheKey, CacheKey or "
                             "CacheKeyByIdAndIndex")
         h = self._handle(dst_cache, "dst_cache")
-        _check_ints("src_blocks", src_blocks)
-        _check_ints("dst_blocks", dst_blocks)
+        src_blocks = check_ints("src_blocks", src_blocks)
+        dst_blocks = check_ints("dst_blocks", dst_blocks)
         raise_if_false(dst_cache.is_blocks_cache, "dst_cache should be blocks cache.")
         raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
-        tnpl = kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER)
-        _check_tnpl(tnpl)
+        tnpl = _check_tnpl(kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER))
         sr, dr = self._ranges(kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"))
         if not isinstance(src_cache_key, BlocksCacheKey):
             raise_if_false(len(src_blocks) == 0, "src_blocks should be empty when "
@@ -277,10 +293,10 @@ class CacheManager:
             raise TypeError("dst_cache_key must be a CacheKeyByIdAndIndex")
         h = self._handle(src_cache, "src_cache")
         raise_if_false(not src_cache.is_blocks_cache, "cache can not be blocks cache.")
-        _check_tnpl(tensor_num_per_layer)
+        tensor_num_per_layer = _check_tnpl(tensor_num_per_layer)
+        src_batch_index = check_int("src_batch_index", src_batch_index, 0, 2**32 - 1)
         sr, dr = self._ranges(src_layer_range, dst_layer_range)
-        raise_if_false(size == -1 or (isinstance(size, int) and size > 0),
-                       f"[push_cache] size ({size}) is invalid")
+        size = _check_size("[push_cache]", size)
         self._by_key(dst_cache_key, "[push_cache]", lambda idx: self._dd.push_cache(
             h, idx, src_batch_index, size, src_layers=sr, dst_layers=dr,
             tensor_num_per_layer=tensor_num_per_layer))
@@ -294,10 +310,10 @@ class CacheManager:
         if not isinstance(dst_cache_key, BlocksCacheKey):
             raise TypeError("dst_cache_key must be a BlocksCacheKey")
         h = self._handle(src_cache, "src_cache")
-        _check_ints("src_blocks", src_blocks)
-        _check_ints("dst_blocks", dst_blocks)
+        src_blocks = check_ints("src_blocks", src_blocks)
+        dst_blocks = check_ints("dst_blocks", dst_blocks)
         raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
-        _check_tnpl(tensor_num_per_layer)
+        tensor_num_per_layer = _check_tnpl(tensor_num_per_layer)
         sr, dr = self._ranges(src_layer_range, dst_layer_range)
         if len(src_blocks) == 0:
             raise_if_false(not src_cache.is_blocks_cache,
@@ -316,8 +332,7 @@ class CacheManager:
                    req_id=None):
         hd = self._handle(dst, "dst")
         hs = self._handle(src, "src")
-        raise_if_false(size == -1 or (isinstance(size, int) and size > 0),
-                       f"[copy_cache] size ({size}) is invalid, should be = -1 or > 0")
+        size = _check_size("[copy_cache]", size)
         with translate("[copy_cache]"):
             self._dd.copy_cache(hs, hd, src_batch_index, dst_batch_index, offset, size)
 
@@ -352,8 +367,7 @@ class CacheManager:
                        f"swap {sd.placement} to {dd.placement} is not supported")
         for s, d in src_to_dst.items():
             for n, v, lim in (("src", s, sd.batch_size), ("dst", d, dd.batch_size)):
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise TypeError(f"{n} block index must be an int")
+                v = as_int(f"{n} block index", v)
                 raise_if_false(0 <= v < lim, f"{n}_block_index:{v} must be in [0, {lim})")
         for sa, da in zip(src_cache.tensor_addrs, dst_cache.tensor_addrs):
             for s, d in src_to_dst.items():
@@ -381,14 +395,12 @@ class CacheManager:
         if not isinstance(transfer_configs, (list, tuple)) or not transfer_configs:
             raise TypeError("transfer_configs must be a non-empty list")
         if dst_block_memory_size is not None:
-            if not isinstance(dst_block_memory_size, int) or \
-                    isinstance(dst_block_memory_size, bool):
-                raise TypeError("dst_block_memory_size must be an int")
+            dst_block_memory_size = as_int("dst_block_memory_size", dst_block_memory_size)
             raise_if_false(dst_block_memory_size >= 0, "dst_block_memory_size is invalid")
-        for name, v in (("src_block_indices", src_block_indices),
-                        ("dst_block_indices", dst_block_indices)):
-            if v is not None:
-                _check_ints(name, v)
+        if src_block_indices is not None:
+            src_block_indices = check_ints("src_block_indices", src_block_indices)
+        if dst_block_indices is not None:
+            dst_block_indices = check_ints("dst_block_indices", dst_block_indices)
         tnpl = _NUM_TENSORS_PER_LAYER
         nlayers = src_cache.cache_desc.num_tensors // tnpl
         raise_if_false(nlayers > 0, "src_cache has no whole layer")

@@ -3,14 +3,14 @@
 import llmdd
 
 from .cache_manager import CacheManager
+from .kv_cache_manager import KvCacheManager
 from .configs import LLMClusterInfo, LLMRole
 from .rank_table import RankTableLinks
-from .status import LLMStatusCode, code_2_status, raise_if_false, translate
+from .status import LLMStatusCode, code_2_status, raise_if_false, translate, as_int, check_int
 
 # Keys the Python layer consumes (the reference's modes); never sent to C.
 _PY_ONLY = {"llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
             "llm.MemoryUtilization", "llm.Role"}
-_RENAMED = {"llm.listenIpInfo": "llm.ListenIpInfo"}
 
 
 def _c_options(options):
@@ -23,7 +23,6 @@ def _c_options(options):
     for k, v in options.items():
         if not isinstance(k, str) or not isinstance(v, (str, int)) or isinstance(v, bool):
             raise TypeError(f"option {k!r}: keys and values must be str")
-        k = _RENAMED.get(k, k)
         if k == "ge.exec.deviceId":
             out.setdefault("llm.DeviceId", str(v).split(";")[0])
         elif k.startswith("llm.") and k not in _PY_ONLY:
@@ -64,13 +63,12 @@ class LLMDataDist:
 
     def __init__(self, role, cluster_id):
         _role(role)
-        if not isinstance(cluster_id, int) or isinstance(cluster_id, bool) or \
-                not 0 <= cluster_id < 2**64:
-            raise TypeError("cluster_id must be an int in [0, 2**64)")
+        cluster_id = check_int("cluster_id", cluster_id, 0, 2**64 - 1)
         self._role = role
         self._cluster_id = cluster_id
         self._dd = None
         self._cache_manager = None
+        self._kv_cache_manager = None
         self._rank_links = RankTableLinks(self)
 
     @property
@@ -100,6 +98,9 @@ class LLMDataDist:
         self._rank_links.close()
         dd, self._dd = self._dd, None
         self._cache_manager = None
+        if self._kv_cache_manager is not None:
+            self._kv_cache_manager._initialized = False
+            self._kv_cache_manager = None
         dd.close()
 
     def _inited(self):
@@ -112,16 +113,25 @@ class LLMDataDist:
         self._inited()
         return self._cache_manager
 
+    @property
+    def kv_cache_manager(self):
+        """The V1 cache API (KvCacheManager) on this instance's caches; the
+        reference offers it only without enable_cache_manager, llmdd always."""
+        self._inited()
+        if self._kv_cache_manager is None:
+            self._kv_cache_manager = KvCacheManager(self._cache_manager)
+        return self._kv_cache_manager
+
     @staticmethod
     def _timeout(timeout):
-        if not isinstance(timeout, int) or isinstance(timeout, bool):
-            raise TypeError("timeout must be an int")
+        timeout = as_int("timeout", timeout)
         raise_if_false(0 < timeout <= 2**31 - 1, "Param timeout should be greater than 0.")
+        return timeout
 
     def link_clusters(self, clusters, timeout=3000):
         """Returns (LLMStatusCode, [LLMStatusCode per cluster])."""
         dd = self._inited()
-        self._timeout(timeout)
+        timeout = self._timeout(timeout)
         cl = _clusters(clusters, True)
         with translate("[link_clusters]"):
             st, rets = dd.link_clusters_status(cl, timeout)
@@ -130,7 +140,7 @@ class LLMDataDist:
 
     def unlink_clusters(self, clusters, timeout=3000, force=False):
         dd = self._inited()
-        self._timeout(timeout)
+        timeout = self._timeout(timeout)
         if not isinstance(force, bool):
             raise TypeError("force must be a bool")
         cl = _clusters(clusters, False)     # a link is known by its id
@@ -175,8 +185,7 @@ class LLMDataDist:
         llm.SyncKvCacheWaitTime; raises LLMException (LLM_NOT_YET_LINK: no
         live link, LLM_TIMEOUT: no answer in time) otherwise."""
         dd = self._inited()
-        if not isinstance(remote_cluster_id, int) or isinstance(remote_cluster_id, bool):
-            raise TypeError("remote_cluster_id must be an int")
+        remote_cluster_id = as_int("remote_cluster_id", remote_cluster_id)
         with translate("[check_link_status]"):
             dd.check_link(remote_cluster_id, self._cache_manager._sync_timeout_ms)
 

@@ -32,7 +32,7 @@ import time
 import llmdd
 
 from .llm_types import RegisterMemStatus
-from .status import LLMException, LLMStatusCode, raise_if_false
+from .status import LLMException, LLMStatusCode, raise_if_false, as_int
 
 _BASE_PORT_ENV = "LLMDD_RANK_BASE_PORT"
 _BASE_PORT_DEFAULT = 60000
@@ -142,10 +142,11 @@ class RankTableLinks:
     def link(self, dd, comm_name, cluster_rank_info, rank_table):
         if not isinstance(comm_name, str) or not comm_name:
             raise TypeError("comm_name must be a non-empty str")
-        if not isinstance(cluster_rank_info, dict) or not all(
-                isinstance(k, int) and isinstance(v, int) and not isinstance(k, bool)
-                and not isinstance(v, bool) for k, v in cluster_rank_info.items()):
+        if not isinstance(cluster_rank_info, dict):
             raise TypeError("cluster_rank_info must be a dict of int to int")
+        cluster_rank_info = {as_int("cluster_rank_info key", k):
+                             as_int("cluster_rank_info value", v)
+                             for k, v in cluster_rank_info.items()}
         me = self._datadist.cluster_id
         raise_if_false(me in cluster_rank_info,
                        f"cluster_rank_info has no rank for this cluster ({me})")
@@ -191,8 +192,7 @@ class RankTableLinks:
                                status_code=_status(e.status)) from e
 
     def _domain(self, comm_id):
-        if not isinstance(comm_id, int) or isinstance(comm_id, bool):
-            raise TypeError("comm_id must be an int")
+        comm_id = as_int("comm_id", comm_id)
         with self._lock:
             d = self._domains.get(comm_id)
         raise_if_false(d is not None, f"comm_id {comm_id} is not a link of this LLMDataDist")

@@ -3,13 +3,29 @@
 import enum
 
 import llmdd
+from llmdd._values import as_int, as_ints
 
-_members = [(s.name, int(s)) for s in llmdd.Status]
-# The reference's Python names for two constants (aliases, same values).
-_members += [("LLM_WAIT_PROCESS_TIMEOUT", int(llmdd.Status.LLM_WAIT_PROC_TIMEOUT)),
-             ("LLM_SEQ_LENOVERLIMIT", int(llmdd.Status.LLM_SEQ_LEN_OVER_LIMIT)),
+# The reference spells two of llmdd's names its own way: its spelling is
+# the member's name, llmdd's an alias of the same value.
+_REF_SPELLING = {"LLM_WAIT_PROC_TIMEOUT": "LLM_WAIT_PROCESS_TIMEOUT",
+                 "LLM_SEQ_LEN_OVER_LIMIT": "LLM_SEQ_LENOVERLIMIT"}
+_members = []
+for _s in llmdd.Status:
+    if _s.name in _REF_SPELLING:
+        _members.append((_REF_SPELLING[_s.name], int(_s)))
+    _members.append((_s.name, int(_s)))
+# The runtime's memory faults, which the reference passes on from its
+# device runtime (ACL): llmdd, with no device, never returns them.
+_members += [("LLM_DEVICE_MEM_ERROR", 507053), ("LLM_SUSPECT_REMOTE_ERROR", 507057),
              ("LLM_UNKNOWN_ERROR", -1)]
-LLMStatusCode = enum.Enum("LLMStatusCode", _members, module=__name__)
+
+
+class _StatusCode(enum.IntEnum):
+    def __str__(self):
+        return f"{self.__class__.__name__}.{self.name}"
+
+
+LLMStatusCode = _StatusCode("LLMStatusCode", _members, module=__name__)
 
 
 def code_2_status(code):
@@ -30,6 +46,42 @@ class LLMException(RuntimeError):
     @property
     def status_code(self):
         return self._status_code
+
+
+def check_int(name, v, lo, hi):
+    """v as a Python int in [lo, hi], by llmdd's rule for integers
+    (llmdd._values.as_int: ints, numpy and torch integers; not floats,
+    strings or bools): TypeError, or ValueError out of range, as the
+    reference's check_uint64 and its kin raise."""
+    v = as_int(name, v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
+    return v
+
+
+def check_ints(name, v):
+    """A list, tuple or 1-d integer array of integers as a list of ints."""
+    if not isinstance(v, (list, tuple)) and not hasattr(v, "dtype"):
+        raise TypeError(f"{name} must be a list or tuple of ints")
+    return as_ints(name, v)
+
+
+class Status:
+    """A status as the reference's own calls return it: is_ok() and
+    status_code (an LLMStatusCode)."""
+
+    def __init__(self, status):
+        self._status_code = status
+
+    def is_ok(self):
+        return self._status_code == LLMStatusCode.LLM_SUCCESS
+
+    @property
+    def status_code(self):
+        return self._status_code
+
+    def __repr__(self):
+        return f"Status({self._status_code})"
 
 
 def raise_if_false(pred, msg, status_code=LLMStatusCode.LLM_PARAM_INVALID):

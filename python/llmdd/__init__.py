@@ -55,16 +55,18 @@ def metadata_list(server, prefix="llmdd", timeout_ms=5000):
     import ctypes
     import json
     from ._status import check
+    from ._values import _timeout
     if not isinstance(server, str) or not isinstance(prefix, str):
         raise TypeError("server and prefix must be str")
+    timeout_ms = _timeout("timeout_ms", timeout_ms, allow_none=False)
     n = ctypes.c_size_t(0)
-    check(_lib.llmdd_metadata_list(server.encode(), prefix.encode(), int(timeout_ms),
+    check(_lib.llmdd_metadata_list(server.encode(), prefix.encode(), timeout_ms,
                                    None, 0, ctypes.byref(n)), "metadata_list")
     while True:
         cap = n.value + 4096
         buf = ctypes.create_string_buffer(cap)
         check(_lib.llmdd_metadata_list(server.encode(), prefix.encode(),
-                                       int(timeout_ms), buf, cap, ctypes.byref(n)),
+                                       timeout_ms, buf, cap, ctypes.byref(n)),
               "metadata_list")
         if n.value < cap:
             return json.loads(buf.value.decode())

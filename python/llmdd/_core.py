@@ -101,7 +101,7 @@ class Instance:
     library call."""
 
     def __init__(self, cluster_id, role=Role.MIX, options=None, *, initialize=True):
-        _u64("cluster_id", cluster_id)
+        cluster_id = _u64("cluster_id", cluster_id)
         role = _role(role)
         self.cluster_id = cluster_id
         self.role = role
@@ -260,7 +260,7 @@ class Instance:
         """Links; returns (status, [status per cluster]) without raising on
         link failures (the reference's convention)."""
         arr, n, _keep = self._clusters(clusters)
-        _int("timeout_ms", timeout_ms, 1, _I32_MAX)
+        timeout_ms = _int("timeout_ms", timeout_ms, 1, _I32_MAX)
         rets = (_ffi.status_t * n)()
         st = self._call(lib.llmdd_link_clusters, arr, n, rets, timeout_ms)
         return int(st), [int(r) for r in rets]
@@ -285,7 +285,7 @@ class Instance:
             raise TypeError("force must be a bool")
         # A link is known by its cluster id: no address is needed or used.
         arr, n, _keep = self._clusters(clusters, need_addr=False)
-        _int("timeout_ms", timeout_ms, 1, _I32_MAX)
+        timeout_ms = _int("timeout_ms", timeout_ms, 1, _I32_MAX)
         rets = (_ffi.status_t * n)()
         st = self._call(lib.llmdd_unlink_clusters, arr, n, rets, timeout_ms, force)
         return int(st), [int(r) for r in rets]
@@ -669,20 +669,20 @@ class Instance:
         """A round trip to the peer on the link's control connection.
         Returns None when it answered within timeout_ms; raises LlmddError
         with LLM_NOT_YET_LINK (no live link) or LLM_TIMEOUT."""
-        _u64("remote_cluster_id", remote_cluster_id)
+        rid = _u64("remote_cluster_id", remote_cluster_id)
         t = _int("timeout_ms", timeout_ms, 1, _I32_MAX)
-        check(self._call(lib.llmdd_check_link, remote_cluster_id, t), "check_link")
+        check(self._call(lib.llmdd_check_link, rid, t), "check_link")
 
     # -- notifications
     def send_notify(self, cluster_id, msg):
-        _u64("cluster_id", cluster_id)
+        cluster_id = _u64("cluster_id", cluster_id)
         buf = _bytes("msg", msg, 0, _ffi.NOTIFY_MAX)
         check(self._call(lib.llmdd_send_notify, cluster_id, buf, len(buf)), "send_notify")
 
     def get_notifies(self, max_count=64):
         """Never blocks: up to max_count received notifications, oldest
         first, as a list of (cluster_id, bytes)."""
-        _int("max_count", max_count, 1, 1 << 20)
+        max_count = _int("max_count", max_count, 1, 1 << 20)
         out = (_ffi.NotifyC * max_count)()
         n = ctypes.c_size_t()
         check(self._call(lib.llmdd_get_notifies, out, max_count, ctypes.byref(n)),
@@ -761,7 +761,7 @@ class Instance:
 
     def lookup_remote_key(self, cluster_id, key):
         """Asks the linked peer which slot its key names: a CacheIndex."""
-        _u64("cluster_id", cluster_id)
+        cluster_id = _u64("cluster_id", cluster_id)
         k = _bytes("key", key, 1, _ffi.KEY_MAX)
         out = _ffi.CacheIndexC()
         check(self._call(lib.llmdd_lookup_remote_key, cluster_id, k, len(k),

@@ -9,7 +9,7 @@ import ctypes
 from . import _ffi
 from ._ffi import lib
 from ._status import check
-from ._values import _int, _u32, _u64, _ext, _index, _bad_cache, _U32_MAX
+from ._values import _int, _u32, _u64, _ext, _index, _bad_cache, _U32_MAX, as_int, as_ints
 
 __all__ = ["KvLayout", "Slice", "TpPiece", "tp_plan", "slice_plan_size"]
 
@@ -26,7 +26,7 @@ def _order(order):
             raise ValueError(f"layout order {order!r}: letters N (tokens), H (heads), "
                              "P (parts) and D (a head's bytes, last), e.g. 'NHD'")
         return [_ffi.KV_DIM_BLOCK] + [_DIMS[ch] for ch in order], order
-    dims = [int(d) for d in order]
+    dims = as_ints("order", order)
     return dims, None
 
 
@@ -48,8 +48,8 @@ class KvLayout:
         if not isinstance(heads, tuple) or len(heads) != 2:
             raise TypeError("heads must be a (first, end) tuple of global heads")
         first, end = heads
-        _int("heads[0]", first, 0, _U32_MAX)
-        _int("heads[1]", end, first + 1, _U32_MAX)
+        first = _int("heads[0]", first, 0, _U32_MAX)
+        end = _int("heads[1]", end, first + 1, _U32_MAX)
         self.order = dims
         self.block_size = _int("block_size", block_size, 1, _U32_MAX)
         self.head_first = first
@@ -75,6 +75,7 @@ class KvLayout:
         item = tensor.element_size() if hasattr(tensor, "element_size") \
             else tensor.itemsize
         heads = ext["H"]
+        heads_first = as_int("heads_first", heads_first)
         return cls(order, ext["N"], (heads_first, heads_first + heads),
                    total_heads if total_heads is not None else heads_first + heads,
                    ext["D"] * item, ext.get("P", 1), compat_tag)
@@ -117,9 +118,9 @@ class KvLayout:
 def _table(name, blocks):
     if blocks is None:
         return None, 0
-    vals = [int(b) for b in blocks]
-    for b in vals:
-        _u64(name, b)
+    vals = as_ints(name, blocks)
+    for i, b in enumerate(vals):
+        _u64(f"{name}[{i}]", b)
     arr = (ctypes.c_uint64 * max(1, len(vals)))(*vals)
     return arr, len(vals)
 
@@ -164,7 +165,8 @@ def _slices(slices):
 
 
 def _indexes(name, idx, n):
-    items = [idx] if isinstance(idx, tuple) and idx and isinstance(idx[0], int) \
+    # One index (a CacheIndex or a tuple of ints) or a sequence of them.
+    items = [idx] if isinstance(idx, tuple) and idx and not isinstance(idx[0], tuple) \
         else list(idx)
     if len(items) == 1 and n > 1:
         items = items * n
@@ -179,10 +181,11 @@ TpPiece = collections.namedtuple("TpPiece", "rank head_begin head_end")
 def tp_plan(total_heads, src_tp, dst_tp, dst_rank):
     """Which source ranks hold what dst_rank needs: one TpPiece per source
     rank (an empty head range: that rank only gets the notification)."""
-    out = (_ffi.TpPieceC * max(1, int(src_tp)))()
+    args = (_u32("total_heads", total_heads), _u32("src_tp", src_tp),
+            _u32("dst_tp", dst_tp), _u32("dst_rank", dst_rank))
+    out = (_ffi.TpPieceC * max(1, args[1]))()
     n = ctypes.c_size_t()
-    check(lib.llmdd_tp_plan(_u32("total_heads", total_heads), _u32("src_tp", src_tp),
-                            _u32("dst_tp", dst_tp), _u32("dst_rank", dst_rank), out,
+    check(lib.llmdd_tp_plan(*args, out,
                             len(out), ctypes.byref(n)), "tp_plan")
     return [TpPiece(out[i].rank, out[i].head_begin, out[i].head_end)
             for i in range(n.value)]

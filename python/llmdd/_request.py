@@ -93,7 +93,7 @@ class Request:
     def layer_ready(self, layer):
         """LLMDD_XFER_LAYERWISE: layer (0-based inside the source layer
         range) may move now."""
-        _u32("layer", layer)
+        layer = _u32("layer", layer)
         ptr = self._enter()
         try:
             check(lib.llmdd_request_layer_ready(ptr, layer), f"layer_ready({layer})")

@@ -5,6 +5,7 @@ import collections
 import ctypes
 import enum
 import math
+import operator
 
 from . import _ffi
 from ._memory import U64_MAX
@@ -51,9 +52,49 @@ DTYPE_SIZE = {int(t): _ffi.lib.llmdd_data_type_size(int(t)) for t in DataType
 
 # ----------------------------------------------------------------- checks
 
+_BOOL_DTYPES = ("bool", "torch.bool")
+
+
+def as_int(name, v):
+    """The binding's one rule for an integer argument: v as a Python int.
+    Python ints (and int enums), numpy integer scalars and 0-d torch or
+    numpy integer tensors are integers; floats, strings, bools (Python,
+    numpy or torch: operator.index alone would take them as 0 and 1) and
+    anything else raise TypeError. A float block index computed by a
+    division would otherwise name the wrong block without an error."""
+    if type(v) is int:
+        return v
+    if (not isinstance(v, bool) and getattr(v, "ndim", 0) == 0
+            and str(getattr(v, "dtype", "")) not in _BOOL_DTYPES):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+
+
+def as_ints(name, seq):
+    """A sequence of integers as a list of Python ints, by as_int's rule: a
+    list or tuple element by element, a 1-d numpy array or torch tensor by
+    its dtype (an integer one, not bool)."""
+    dt = getattr(seq, "dtype", None)
+    if dt is not None and hasattr(seq, "tolist"):
+        if getattr(seq, "ndim", None) != 1:
+            raise TypeError(f"{name} must be one-dimensional")
+        kind = getattr(dt, "kind", None)        # numpy; torch dtypes have none
+        integer = kind in ("i", "u") if kind is not None else not (
+            dt.is_floating_point or dt.is_complex or str(dt) in _BOOL_DTYPES)
+        if not integer:
+            raise TypeError(f"{name} must hold integers, got dtype {dt}")
+        return seq.tolist()
+    if isinstance(seq, (str, bytes, bytearray)) or not hasattr(seq, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of integers, got "
+                        f"{type(seq).__name__}")
+    return [as_int(f"{name}[{i}]", b) for i, b in enumerate(seq)]
+
+
 def _int(name, v, lo, hi):
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    v = as_int(name, v)
     if not lo <= v <= hi:
         raise ValueError(f"{name}={v} out of range [{lo}, {hi}]")
     return v
@@ -156,17 +197,14 @@ def _blocks(name, blocks):
             arr = (ctypes.c_uint64 * len(blocks)).from_buffer(blocks) if not m.readonly \
                 else (ctypes.c_uint64 * len(blocks)).from_buffer_copy(m)
             return arr, len(blocks)
-    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
-        raise TypeError(f"{name} must be a sequence of ints")
-    n = len(blocks)
+    vals = as_ints(name, blocks)
+    n = len(vals)
     if n == 0:
         raise ValueError(f"{name} is empty")
-    arr = (ctypes.c_uint64 * n)()
-    for i, b in enumerate(blocks):
-        if hasattr(b, "__index__") and not isinstance(b, bool):
-            b = b.__index__()
-        arr[i] = _u64(f"{name}[{i}]", b)
-    return arr, n
+    for i, b in enumerate(vals):
+        if not 0 <= b <= U64_MAX:
+            raise ValueError(f"{name}[{i}]={b} out of range [0, {U64_MAX}]")
+    return (ctypes.c_uint64 * n)(*vals), n
 
 
 # ----------------------------------------------------------------- values
@@ -179,21 +217,16 @@ class CacheDesc:
 
     def __init__(self, num_tensors, shape, data_type=DataType.UINT8,
                  placement=Placement.HOST):
-        _int("num_tensors", num_tensors, 1, _U32_MAX)
-        if isinstance(shape, int) and not isinstance(shape, bool):
-            shape = (shape,)
-        if not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= _ffi.MAX_DIMS:
+        num_tensors = _int("num_tensors", num_tensors, 1, _U32_MAX)
+        if not isinstance(shape, (tuple, list)) and getattr(shape, "ndim", 0) == 0:
+            shape = (shape,)            # one dimension, checked below
+        shape = as_ints("shape", shape)
+        if not 1 <= len(shape) <= _ffi.MAX_DIMS:
             raise TypeError(f"shape must be a tuple of 1..{_ffi.MAX_DIMS} ints")
         for i, d in enumerate(shape):
             _int(f"shape[{i}]", d, 1, _I64_MAX)
-        try:
-            data_type = DataType(data_type)
-        except ValueError:
-            raise ValueError(f"unknown data_type {data_type!r}") from None
-        try:
-            placement = Placement(placement)
-        except ValueError:
-            raise ValueError(f"unknown placement {placement!r}") from None
+        data_type = _enum(DataType, "data_type", data_type)
+        placement = _enum(Placement, "placement", placement)
         self.num_tensors = num_tensors
         self.shape = tuple(shape)
         self.data_type = data_type
@@ -275,7 +308,7 @@ class ClusterInfo:
         self.remote_cluster_id = _u64("remote_cluster_id", remote_cluster_id)
         self.remote_addrs = [] if remote_addr is None else [_addr(remote_addr)]
         self.local_addrs = [_addr(a) for a in local_addrs]
-        self.remote_role_type = _int("remote_role_type", int(remote_role_type), -2**31, _I32_MAX)
+        self.remote_role_type = _int("remote_role_type", remote_role_type, -2**31, _I32_MAX)
 
     def __repr__(self):
         return f"ClusterInfo({self.remote_cluster_id}, {self.remote_addrs})"
@@ -295,7 +328,7 @@ def _addr(a):
     if not isinstance(a, tuple) or len(a) != 2 or not isinstance(a[0], str):
         raise TypeError("an address is 'host:port' or (host, port)")
     host, port = a
-    _int("port", port, 0, 65535)
+    port = _int("port", port, 0, 65535)
     if not 0 < len(host.encode()) < _ffi.IP_LEN:
         raise ValueError(f"address host {host!r}: 1..{_ffi.IP_LEN - 1} bytes")
     return host, port
@@ -312,17 +345,26 @@ def _ip_array(addrs):
 
 
 
-def _role(role):
+def _enum(cls, name, v):
+    """A member of the int enum cls, by as_int's rule: Role(1.0) and
+    Role(True) would otherwise both be PROMPT."""
+    if type(v) is cls:
+        return v
     try:
-        return Role(role)
+        return cls(as_int(name, v))
     except ValueError:
-        raise ValueError(f"role must be PROMPT, DECODER or MIX, got {role!r}") from None
+        raise ValueError(f"{name}: {v!r} is not one of "
+                         f"{', '.join(m.name for m in cls)}") from None
+
+
+def _role(role):
+    return _enum(Role, "role", role)
 
 
 def _size(size):
     if type(size) is int and (size == -1 or 0 < size <= _I64_MAX):
         return size
-    _int("size", size, -1, _I64_MAX)
+    size = _int("size", size, -1, _I64_MAX)
     if size == 0:
         raise ValueError("size must be -1 (whole slot) or > 0")
     return size

@@ -28,7 +28,7 @@ def test_config_options():
     c.enable_cache_manager = True
     c.enable_remote_cache_accessible = True
     o = c.generate_options()
-    assert o["llm.ListenIpInfo"] == "127.0.0.1:26000" and o["llm.DeviceId"] == "3"
+    assert o["llm.listenIpInfo"] == "127.0.0.1:26000" and o["ge.exec.deviceId"] == "3"
     assert o["llm.SyncKvCacheWaitTime"] == "1500"
     assert o["llm.MemPoolConfig"] and o["llm.HostMemPoolConfig"] and o["llm.BufPoolCfg"]
     assert o["llm.EnableSwitchRole"] == "1" and o["llm.LocalCommRes"] == ""
@@ -38,7 +38,7 @@ def test_config_options():
     with pytest.raises(TypeError):
         c.enable_cache_manager = 1
     # the C library takes every key (the Ascend-only ones with a log line)
-    o.pop("llm.ListenIpInfo")
+    o.pop("llm.listenIpInfo")
     dd = LLMDataDist(LLMRole.MIX, 7)
     dd.init(o)
     dd.cache_manager.allocate_cache(CacheDesc(1, [4], DataType.DT_INT8, Placement.HOST))

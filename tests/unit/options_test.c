@@ -664,6 +664,38 @@ test_option_info(void **state)
     llmdd__options_fini(&b);
 }
 
+/*
+ * llm.listenIpInfo, the reference's older spelling (connectors written for
+ * its V0 API pass it), listens as llm.ListenIpInfo does: checked the same,
+ * and the key given last wins.
+ */
+static void
+test_listen_alias(void **state)
+{
+    char addr[32];
+    uint16_t port = unused_port();
+    llmdd__options o;
+    llmdd *dd;
+
+    (void)state;
+    llmdd__options_init(&o);
+    llmdd_option two[] = {{"llm.ListenIpInfo", "127.0.0.1:1"},
+                          {"llm.listenIpInfo", "127.0.0.1:2"}};
+    assert_int_equal(llmdd__options_apply(&o, two, 2), LLM_SUCCESS);
+    assert_true(o.listen);
+    assert_int_equal(v4_port(&o.listen_addr), 2);
+    llmdd__options_fini(&o);
+    llmdd_option bad = {"llm.listenIpInfo", "127.0.0.1"};
+    assert_init_fails(&bad, 1, LLM_PARAM_INVALID);
+
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    llmdd_option kv = {"llm.listenIpInfo", addr};
+    assert_int_equal(llmdd_create(2, LLMDD_ROLE_PROMPT, &dd), LLM_SUCCESS);
+    assert_int_equal(llmdd_initialize(dd, &kv, 1), LLM_SUCCESS);
+    assert_true(port_open(port));
+    llmdd_destroy(dd);
+}
+
 static void
 test_tcp_lanes_values(void **state)
 {
@@ -710,6 +742,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_listen_port_zero),
         cmocka_unit_test(test_option_info),
         cmocka_unit_test(test_tcp_lanes_values),
+        cmocka_unit_test(test_listen_alias),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }
