@@ -379,10 +379,12 @@ watch_event(llmdd__meta *m, const cJSON *ev)
         m->ka_due = 0;
     pthread_mutex_unlock(&m->lock);
     if (!del) {
+        /* What is done about it is logged by confirm_key, at most once a
+         * lease period: a writer who keeps writing floods no log. */
         if (mine && !ours)
-            log_warn("metadata: our entry %s%" PRIu64 " was overwritten; "
-                     "looking at it",
-                     m->prefix, id);
+            log_debug("metadata: our entry %s%" PRIu64 " was overwritten; "
+                      "looking at it",
+                      m->prefix, id);
         return; /* an arrival or an update: no link depends on it */
     }
     if (ours) {
