@@ -46,10 +46,10 @@ struct llmdd__meta {
     int64_t ttl_ms;  /* the server's TTL for the lease */
     char key[LLMDD_META_PREFIX_MAX + 48];
     llmdd__meta_entry entry;
-    int64_t ka_due; /* next keepalive */
+    int64_t ka_due;   /* next keepalive */
+    int64_t take_due; /* no take of our key before: one a lease period */
 
-    /* Guarded by op_lock: taking our key back (confirm_key). */
-    int64_t take_due;  /* no take before: one per lease period */
+    /* Guarded by op_lock. */
     int64_t claim_due; /* the next "two instances claim" line */
 
     /* The thread's own. */
@@ -135,8 +135,8 @@ do_publish(llmdd__meta *m, const char *key, const llmdd__meta_entry *e,
     m->entry = *e;
     snprintf(m->key, sizeof(m->key), "%s", key);
     m->ka_due = llmdd__now_ms() + m->ttl_ms / 3;
-    pthread_mutex_unlock(&m->lock);
     m->take_due = 0;
+    pthread_mutex_unlock(&m->lock);
     m->claim_due = 0;
     meta_wake(m);
     log_info("metadata: published %s (lease TTL %" PRId64 " s)", key, ttl);
@@ -212,6 +212,7 @@ confirm_key(llmdd__meta *m, int64_t id, int64_t ttl_ms, int64_t retry)
     pthread_mutex_lock(&m->lock);
     e = m->entry;
     memcpy(key, m->key, sizeof(key));
+    int64_t take_due = m->take_due;
     pthread_mutex_unlock(&m->lock);
     int rc = llmdd__etcd_get(&m->etcd, key, -1, now + retry, &found,
                              cur, sizeof(cur), &vlen, &rev, &lease);
@@ -239,10 +240,14 @@ confirm_key(llmdd__meta *m, int64_t id, int64_t ttl_ms, int64_t retry)
                       same_host ? "this" : "another");
             m->claim_due = now + ttl_ms;
         }
+        /* Nothing to take: writes seen meanwhile wait for the next look. */
+        pthread_mutex_lock(&m->lock);
+        m->take_due = now + step;
+        pthread_mutex_unlock(&m->lock);
         return now + step;
     }
-    if (now < m->take_due)
-        return m->take_due < now + step ? m->take_due : now + step;
+    if (now < take_due)
+        return take_due < now + step ? take_due : now + step;
     if (llmdd__meta_entry_encode(&e, value, sizeof(value)) == 0)
         return now + step; /* published once, so it fits */
     rc = llmdd__etcd_put_if(&m->etcd, key, value, id, found ? rev : 0,
@@ -252,7 +257,9 @@ confirm_key(llmdd__meta *m, int64_t id, int64_t ttl_ms, int64_t retry)
         return llmdd__now_ms() + retry;
     /* An answered try counts, taken or not (the key changed again since
      * it was read): the next waits for the period to end. */
+    pthread_mutex_lock(&m->lock);
     m->take_due = now + ttl_ms;
+    pthread_mutex_unlock(&m->lock);
     if (done)
         log_warn("metadata: %s was %s; taken back", key,
                  !found  ? "deleted"
@@ -312,10 +319,10 @@ keepalive(llmdd__meta *m)
         pthread_mutex_lock(&m->lock);
         m->lease_id = id = nid;
         m->ttl_ms = ttl_ms = nttl * 1000;
+        m->take_due = 0;
         pthread_mutex_unlock(&m->lock);
         step = ttl_ms / 3;
         retry = step < KEEPALIVE_RETRY_MS ? step : KEEPALIVE_RETRY_MS;
-        m->take_due = 0;
     }
     next = confirm_key(m, id, ttl_ms, retry);
 out:
@@ -367,16 +374,17 @@ watch_event(llmdd__meta *m, const cJSON *ev)
     if (src != NULL && !llmdd__etcd_i64(src, "lease", 0, &lease))
         lease = 0;
     /* Our key: a write that is not our own put (our nonce under the lease
-     * we hold now), or a delete, has the thread confirm the key at once
-     * (confirm_key decides what to take back). A delete of our entry under
-     * an older lease (set_role's unpublish, a lost lease) is looked at as
-     * well, and finds the key ours or takes it. */
+     * we hold now), or a delete, has the thread confirm the key as soon as
+     * it may take it back (confirm_key decides what to take): a writer who
+     * keeps writing costs no more requests than that. A delete of our
+     * entry under an older lease (a lost lease) is looked at as well, and
+     * finds the key ours or takes it. */
     pthread_mutex_lock(&m->lock);
     bool mine = m->published && m->entry.cluster_id == id;
-    bool ours = mine && entry && e.nonce == m->entry.nonce &&
-                lease == m->lease_id;
-    if (mine && (del || !ours))
-        m->ka_due = 0;
+    bool own = mine && entry && e.nonce == m->entry.nonce;
+    bool ours = own && lease == m->lease_id;
+    if (mine && (del || !ours) && m->take_due < m->ka_due)
+        m->ka_due = m->take_due;
     pthread_mutex_unlock(&m->lock);
     if (!del) {
         /* What is done about it is logged by confirm_key, at most once a
@@ -387,12 +395,12 @@ watch_event(llmdd__meta *m, const cJSON *ev)
                       m->prefix, id);
         return; /* an arrival or an update: no link depends on it */
     }
-    if (ours) {
+    if (ours)
         log_warn("metadata: our entry %s%" PRIu64 " was deleted; publishing "
                  "it again",
                  m->prefix, id);
-        return;
-    }
+    if (own)
+        return; /* ours, or ours under a lease we no longer hold */
     /* A deleted value that is no entry of this cluster (a stray put) says
      * nothing about the instance linked under that id. */
     if (src != NULL && !entry) {
