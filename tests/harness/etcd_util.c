@@ -612,9 +612,9 @@ proxy_main(void *arg)
         p[1] = (struct pollfd){.fd = proxy.lfd, .events = POLLIN};
         /* A connection accepted in a blackhole reaches etcd once it
          * ends, as a SYN retransmitted after a partition would. */
-        for (size_t i = 0; i < proxy.n && !hole; i++)
+        for (size_t i = proxy.n; i-- > 0 && !hole;)
             if (proxy.b[i] < 0 && (proxy.b[i] = proxy_connect(proxy.to)) < 0)
-                proxy_close(i--);
+                proxy_close(i);
         for (size_t i = 0; i < proxy.n && !hole; i++) {
             p[np++] = (struct pollfd){.fd = proxy.a[i], .events = POLLIN};
             p[np++] = (struct pollfd){.fd = proxy.b[i], .events = POLLIN};
