@@ -656,10 +656,15 @@ LLMDD_API llmdd_status llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp,
  *  - llmdd_link_clusters with num_remote_ip_infos == 0 looks the cluster
  *    up: LLM_LINK_FAILED when it is not published, LLM_TIMEOUT when the
  *    server does not answer within the call's timeout;
- *  - a peer whose entry is deleted or expires loses its link (its requests
- *    end with LLM_NOT_YET_LINK); an entry merely absent because the server
- *    lost its data drops nothing, and every instance publishes again within
- *    one lease period once the server is back.
+ *  - a peer whose entry is deleted or expires can no longer be looked up;
+ *    its link ends only when its heartbeats stop (0.4: heartbeats are the
+ *    authority on liveness), or with the entry when it announced none (its
+ *    requests end with LLM_NOT_YET_LINK); nothing relinks by itself. An
+ *    entry merely absent because the server lost its data drops nothing,
+ *    and every instance publishes again within one lease period once the
+ *    server is back; an instance's own entry deleted or overwritten by
+ *    someone else is taken back within one lease period (never from
+ *    another live instance of its cluster id, which is logged at error).
  * llmdd_metadata_list: every entry published under prefix (NULL: "llmdd")
  * as a JSON array of the entries' objects, snprintf's convention for buf
  * and cap (*len_out: the whole length); no instance needed. LLM_TIMEOUT

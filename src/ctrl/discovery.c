@@ -3,7 +3,8 @@
  * control plane's side of src/meta. A listening instance publishes its
  * entry once bound and removes it before it stops listening; a link call
  * for a cluster without addresses looks it up; a peer whose entry is
- * deleted or expires loses its link (the metadata thread's callback).
+ * deleted or expires loses its link only when it announced no heartbeats
+ * (the metadata thread's callback).
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -14,7 +15,13 @@
 
 #include "ctrl/ctrl.h"
 
-/* The metadata thread: cluster_id's entry was deleted or expired. */
+/*
+ * The metadata thread: cluster_id's entry was deleted or expired. That
+ * stops new lookups of it; it ends no link whose peer announced
+ * heartbeats, which are the authority on whether it lives (a node cut off
+ * from etcd alone is still a healthy peer). A link whose peer announced
+ * none has nothing else to tell, and goes with the entry.
+ */
 static void
 disc_gone(void *arg, uint64_t cluster_id, uint64_t nonce)
 {
@@ -25,9 +32,19 @@ disc_gone(void *arg, uint64_t cluster_id, uint64_t nonce)
         return;
     /* A later instance of that cluster, linked since, is not the one that
      * left. */
-    if (nonce == 0 || link->peer.nonce == nonce) {
+    if (nonce != 0 && link->peer.nonce != nonce) {
+        llmdd__link_put(link);
+        return;
+    }
+    if (link->terms.hb_ms > 0) {
+        log_info("metadata: cluster %" PRIu64 "'s entry is gone (deleted or "
+                 "expired): new lookups fail; its link stays while its "
+                 "heartbeats pass",
+                 cluster_id);
+    } else {
         log_warn("metadata: cluster %" PRIu64 " left (its entry was deleted "
-                 "or expired): its link is dropped",
+                 "or expired, and it announced no heartbeats): its link is "
+                 "dropped",
                  cluster_id);
         llmdd__link_drop(link, "its metadata entry is gone");
     }

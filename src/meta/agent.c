@@ -1,7 +1,9 @@
 /*
  * The metadata service of one instance: publishing under a lease, lookups,
- * and one metadata thread that keeps the lease alive, publishes again when
- * the server lost it, and watches <prefix>/clusters/ for departures.
+ * and one metadata thread that keeps the lease alive, confirms that our key
+ * still carries our entry (taking it back when it was deleted or
+ * overwritten, or publishing again when the server lost the lease), and
+ * watches <prefix>/clusters/ for departures and for writes to our key.
  *
  * The thread waits in curl_multi_wait on the watch stream and its wake
  * eventfd; keepalives are short requests of their own (llmdd__etcd_call).
@@ -44,8 +46,11 @@ struct llmdd__meta {
     int64_t ttl_ms;  /* the server's TTL for the lease */
     char key[LLMDD_META_PREFIX_MAX + 48];
     llmdd__meta_entry entry;
-    int64_t ka_due; /* next keepalive */
-    bool lost;      /* our entry was deleted under a live lease */
+    int64_t ka_due;   /* next keepalive */
+    int64_t take_due; /* no take of our key before: one a lease period */
+
+    /* Guarded by op_lock. */
+    int64_t claim_due; /* the next "two instances claim" line */
 
     /* The thread's own. */
     int64_t watch_rev;  /* the next revision to watch from */
@@ -130,7 +135,9 @@ do_publish(llmdd__meta *m, const char *key, const llmdd__meta_entry *e,
     m->entry = *e;
     snprintf(m->key, sizeof(m->key), "%s", key);
     m->ka_due = llmdd__now_ms() + m->ttl_ms / 3;
+    m->take_due = 0;
     pthread_mutex_unlock(&m->lock);
+    m->claim_due = 0;
     meta_wake(m);
     log_info("metadata: published %s (lease TTL %" PRId64 " s)", key, ttl);
     return LLM_SUCCESS;
@@ -179,62 +186,146 @@ llmdd__meta_unpublish(llmdd__meta *m, int64_t deadline_ms)
     pthread_mutex_unlock(&m->op_lock);
 }
 
+/*
+ * The thread (op_lock held): whether our key still carries our entry under
+ * our lease `id`, read back with a range on the key. When it does not (an
+ * operator's delete or stray put, a hostile writer, our lease lost), it is
+ * taken back with a transaction that succeeds only while the key is as it
+ * was read (its mod_revision, or absent), at most once per lease period,
+ * so that a writer who keeps writing is never fought more often than that.
+ * An entry of another live instance of our cluster id is not taken: two
+ * instances claim one id, which only the operator can settle; it is logged
+ * at error once per lease period while it lasts, and our key is taken back
+ * when that entry goes. Returns when to look again.
+ */
+static int64_t
+confirm_key(llmdd__meta *m, int64_t id, int64_t ttl_ms, int64_t retry)
+{
+    char key[sizeof(m->key)], cur[LLMDD_META_VALUE_MAX + 1];
+    char value[LLMDD_META_VALUE_MAX];
+    llmdd__meta_entry e, old;
+    int64_t rev = 0, lease = 0, now = llmdd__now_ms(), step = ttl_ms / 3;
+    long vlen = -1;
+    size_t clen;
+    bool found = false, done = false;
+
+    pthread_mutex_lock(&m->lock);
+    e = m->entry;
+    memcpy(key, m->key, sizeof(key));
+    int64_t take_due = m->take_due;
+    pthread_mutex_unlock(&m->lock);
+    int rc = llmdd__etcd_get(&m->etcd, key, -1, now + retry, &found,
+                             cur, sizeof(cur), &vlen, &rev, &lease);
+    if (rc != ETCD_OK)
+        return llmdd__now_ms() + retry;
+    bool entry = found && vlen > 0 &&
+                 llmdd__meta_entry_decode(cur, (size_t)vlen, &old) ==
+                     LLM_SUCCESS &&
+                 old.cluster_id == e.cluster_id;
+    if (entry && old.nonce == e.nonce && lease == id)
+        return now + step; /* ours */
+    /* Another instance's entry under a lease is live while etcd keeps it
+     * (a key goes with its lease), unless a dead process of this host
+     * wrote it (as do_publish judges it). */
+    bool same_host = entry && memcmp(old.boot_id, e.boot_id,
+                                     sizeof(e.boot_id)) == 0;
+    if (entry && old.nonce != e.nonce && lease != 0 &&
+        !(same_host && old.pid != e.pid && !pid_alive(old.pid))) {
+        if (now >= m->claim_due) {
+            log_error("metadata: two instances claim cluster %" PRIu64
+                      ": %s holds the entry of another live instance (pid "
+                      "%" PRIu32 " of %s host); ours is published again "
+                      "only when it goes",
+                      e.cluster_id, key, old.pid,
+                      same_host ? "this" : "another");
+            m->claim_due = now + ttl_ms;
+        }
+        /* Nothing to take: writes seen meanwhile wait for the next look. */
+        pthread_mutex_lock(&m->lock);
+        m->take_due = now + step;
+        pthread_mutex_unlock(&m->lock);
+        return now + step;
+    }
+    if (now < take_due)
+        return take_due < now + step ? take_due : now + step;
+    if (llmdd__meta_entry_encode(&e, value, sizeof(value)) == 0)
+        return now + step; /* published once, so it fits */
+    rc = llmdd__etcd_put_if(&m->etcd, key, value, id, found ? rev : 0,
+                            llmdd__now_ms() + retry, &done, cur, sizeof(cur),
+                            &clen, &rev);
+    if (rc == ETCD_UNREACHABLE)
+        return llmdd__now_ms() + retry;
+    /* An answered try counts, taken or not (the key changed again since
+     * it was read): the next waits for the period to end. */
+    pthread_mutex_lock(&m->lock);
+    m->take_due = now + ttl_ms;
+    pthread_mutex_unlock(&m->lock);
+    if (done)
+        log_warn("metadata: %s was %s; taken back", key,
+                 !found  ? "deleted"
+                 : entry ? (old.nonce == e.nonce
+                                ? "ours under another lease"
+                                : "overwritten by another entry")
+                         : "overwritten by a value that is no entry");
+    else
+        log_warn("metadata: %s changed again while it was taken back; "
+                 "trying again within a lease period",
+                 key);
+    return llmdd__now_ms() + step;
+}
+
 /* The thread: a keepalive is due. Returns when the next one is. */
 static int64_t
 keepalive(llmdd__meta *m)
 {
-    int64_t now = llmdd__now_ms(), ttl = 0;
+    int64_t now = llmdd__now_ms(), ttl = 0, next;
 
     pthread_mutex_lock(&m->op_lock);
     pthread_mutex_lock(&m->lock);
-    bool pub = m->published, lost = m->lost;
+    bool pub = m->published;
     int64_t id = m->lease_id, ttl_ms = m->ttl_ms;
-    m->lost = false;
     pthread_mutex_unlock(&m->lock);
     if (!pub) {
         pthread_mutex_unlock(&m->op_lock);
         return INT64_MAX;
     }
+    /* Every request is bounded by the retry step, not the TTL: op_lock is
+     * held, and unpublish (set_role, finalize) waits for it. A failure
+     * tries again at the next step. */
     int64_t step = ttl_ms / 3, retry = step < KEEPALIVE_RETRY_MS
                                            ? step
                                            : KEEPALIVE_RETRY_MS;
-    int rc = lost ? ETCD_OK
-                  : llmdd__etcd_keepalive(&m->etcd, id, now + retry, &ttl);
-    int64_t next = llmdd__now_ms() + step;
-    if (lost) {
-        /* The old lease holds nothing now: let it go. */
-        (void)llmdd__etcd_revoke(&m->etcd, id, now + retry);
-        ttl = 0;
-    }
+    int rc = llmdd__etcd_keepalive(&m->etcd, id, now + retry, &ttl);
     if (rc != ETCD_OK) {
         /* Links keep working while the server is away. */
         log_debug("metadata: keepalive failed; retrying");
         next = llmdd__now_ms() + retry;
-    } else if (ttl <= 0) {
-        if (!lost)
-            log_warn("metadata: the server lost the lease of %s (restarted "
-                     "without its data?); publishing again",
-                     m->key);
-        llmdd__meta_entry e = m->entry;
-        char key[sizeof(m->key)];
-        memcpy(key, m->key, sizeof(key));
-        /* Bounded by the retry step, not the TTL: op_lock is held, and
-         * unpublish (set_role, finalize) waits for it. A failure tries
-         * again at the next step. */
-        llmdd_status st = do_publish(m, key, &e, llmdd__now_ms() + retry);
-        if (st == LLM_PARAM_INVALID) {
-            pthread_mutex_lock(&m->lock);
-            m->published = false;
-            pthread_mutex_unlock(&m->lock);
-            next = INT64_MAX;
-        } else if (st != LLM_SUCCESS) {
-            next = llmdd__now_ms() + retry;
-        } else {
-            pthread_mutex_lock(&m->lock);
-            next = m->ka_due;
-            pthread_mutex_unlock(&m->lock);
-        }
+        goto out;
     }
+    if (ttl <= 0) {
+        /* Our key went with the lease: a new lease, and the key is taken
+         * back under it. */
+        int64_t nid, nttl;
+        rc = llmdd__etcd_grant(&m->etcd, (m->lease_ms + 999) / 1000,
+                               llmdd__now_ms() + retry, &nid, &nttl);
+        if (rc != ETCD_OK) {
+            next = llmdd__now_ms() + retry;
+            goto out;
+        }
+        log_warn("metadata: the server lost the lease of %s (restarted "
+                 "without its data, or it did not hear from us within the "
+                 "TTL); publishing again",
+                 m->key);
+        pthread_mutex_lock(&m->lock);
+        m->lease_id = id = nid;
+        m->ttl_ms = ttl_ms = nttl * 1000;
+        m->take_due = 0;
+        pthread_mutex_unlock(&m->lock);
+        step = ttl_ms / 3;
+        retry = step < KEEPALIVE_RETRY_MS ? step : KEEPALIVE_RETRY_MS;
+    }
+    next = confirm_key(m, id, ttl_ms, retry);
+out:
     pthread_mutex_unlock(&m->op_lock);
     return next;
 }
@@ -257,8 +348,6 @@ watch_event(llmdd__meta *m, const cJSON *ev)
         return;
     if (rev >= m->watch_rev)
         m->watch_rev = rev + 1;
-    if (type == NULL || strcmp(type, "DELETE") != 0)
-        return; /* PUT: an arrival or an update */
     long klen = llmdd__etcd_kv_bytes(kv, "key", key, sizeof(key));
     if (klen <= (long)plen || memcmp(key, m->prefix, plen) != 0 ||
         klen - (long)plen > 20)
@@ -268,35 +357,55 @@ watch_event(llmdd__meta *m, const cJSON *ev)
             return;
         id = id * 10 + (uint64_t)(*p - '0');
     }
-    /* The departed instance, from the value it had. */
+    /* The value written (a PUT), or the one deleted (prev_kv: the departed
+     * instance's entry), and its lease. */
+    bool del = type != NULL && strcmp(type, "DELETE") == 0;
+    const cJSON *src =
+        del ? cJSON_GetObjectItemCaseSensitive(ev, "prev_kv") : kv;
     llmdd__meta_entry e;
-    uint64_t nonce = 0;
     int64_t lease = 0;
-    const cJSON *prev = cJSON_GetObjectItemCaseSensitive(ev, "prev_kv");
-    long vlen = prev != NULL
-                    ? llmdd__etcd_kv_bytes(prev, "value", val, sizeof(val))
+    long vlen = src != NULL
+                    ? llmdd__etcd_kv_bytes(src, "value", val, sizeof(val))
                     : -1;
-    if (vlen > 0 &&
-        llmdd__meta_entry_decode(val, (size_t)vlen, &e) == LLM_SUCCESS &&
-        e.cluster_id == id)
-        nonce = e.nonce;
-    if (prev != NULL && !llmdd__etcd_i64(prev, "lease", 0, &lease))
+    bool entry = vlen > 0 &&
+                 llmdd__meta_entry_decode(val, (size_t)vlen, &e) ==
+                     LLM_SUCCESS &&
+                 e.cluster_id == id;
+    if (src != NULL && !llmdd__etcd_i64(src, "lease", 0, &lease))
         lease = 0;
-    /* Ours, deleted by someone else (an operator's delete) under the lease
-     * we hold now: publish it again at once, under a new lease. The delete
-     * of an entry we gave up ourselves (set_role's unpublish, a lost
-     * lease) names an older lease and is not ours any more. */
+    /* Our key: a write that is not our own put (our nonce under the lease
+     * we hold now), or a delete, has the thread confirm the key as soon as
+     * it may take it back (confirm_key decides what to take): a writer who
+     * keeps writing costs no more requests than that. A delete of our
+     * entry under an older lease (a lost lease) is looked at as well, and
+     * finds the key ours or takes it. */
     pthread_mutex_lock(&m->lock);
-    bool ours = m->published && m->entry.cluster_id == id &&
-                m->entry.nonce == nonce && lease == m->lease_id;
-    if (ours) {
-        m->lost = true;
-        m->ka_due = 0;
-    }
+    bool mine = m->published && m->entry.cluster_id == id;
+    bool own = mine && entry && e.nonce == m->entry.nonce;
+    bool ours = own && lease == m->lease_id;
+    if (mine && (del || !ours) && m->take_due < m->ka_due)
+        m->ka_due = m->take_due;
     pthread_mutex_unlock(&m->lock);
-    if (ours) {
+    if (!del) {
+        /* What is done about it is logged by confirm_key, at most once a
+         * lease period: a writer who keeps writing floods no log. */
+        if (mine && !ours)
+            log_debug("metadata: our entry %s%" PRIu64 " was overwritten; "
+                      "looking at it",
+                      m->prefix, id);
+        return; /* an arrival or an update: no link depends on it */
+    }
+    if (ours)
         log_warn("metadata: our entry %s%" PRIu64 " was deleted; publishing "
                  "it again",
+                 m->prefix, id);
+    if (own)
+        return; /* ours, or ours under a lease we no longer hold */
+    /* A deleted value that is no entry of this cluster (a stray put) says
+     * nothing about the instance linked under that id. */
+    if (src != NULL && !entry) {
+        log_info("metadata: a value under %s%" PRIu64 " that is no entry "
+                 "was deleted; nothing is dropped for it",
                  m->prefix, id);
         return;
     }
@@ -304,7 +413,7 @@ watch_event(llmdd__meta *m, const cJSON *ev)
              "expired)",
              id);
     if (m->gone != NULL)
-        m->gone(m->gone_arg, id, nonce);
+        m->gone(m->gone_arg, id, entry ? e.nonce : 0);
 }
 
 /* One whole message of the watch stream. */
@@ -606,13 +715,13 @@ llmdd__meta_resolve(const char *server, const char *prefix,
     llmdd__meta_entry e;
     llmdd__etcd etcd;
     bool found = false;
-    size_t vlen = 0;
+    long vlen = -1;
 
     if (!llmdd__meta_prefix_valid(prefix) || etcd_setup(&etcd, server) != 0)
         return LLM_PARAM_INVALID;
     snprintf(key, sizeof(key), "%s/clusters/%" PRIu64, prefix, cluster_id);
     int rc = llmdd__etcd_get(&etcd, key, -1, deadline_ms, &found, val,
-                             sizeof(val), &vlen);
+                             sizeof(val), &vlen, NULL, NULL);
     /* A link call's LLM_TIMEOUT and a lookup that found nothing: callers
      * retry both (a peer not published yet), so info. */
     if (rc == ETCD_UNREACHABLE) {
@@ -628,10 +737,12 @@ llmdd__meta_resolve(const char *server, const char *prefix,
                  key);
         return LLM_LINK_FAILED;
     }
-    if (llmdd__meta_entry_decode(val, vlen, &e) != LLM_SUCCESS ||
+    if (vlen < 0 ||
+        llmdd__meta_entry_decode(val, (size_t)vlen, &e) != LLM_SUCCESS ||
         e.cluster_id != cluster_id) {
-        log_error("link to cluster %" PRIu64 ": its entry %s is malformed",
-                  cluster_id, key);
+        log_error("link to cluster %" PRIu64 ": its entry %s is malformed "
+                  "or over %u bytes",
+                  cluster_id, key, LLMDD_META_VALUE_MAX);
         return LLM_LINK_FAILED;
     }
     *out = e;

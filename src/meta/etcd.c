@@ -334,7 +334,7 @@ out:
 int
 llmdd__etcd_get(llmdd__etcd *c, const char *key, int stop_fd,
                 int64_t deadline_ms, bool *found, char *value, size_t cap,
-                size_t *vlen)
+                long *vlen, int64_t *mod_rev, int64_t *lease)
 {
     char *k = b64_str(key), *body = NULL;
     cJSON *j = NULL;
@@ -348,18 +348,24 @@ llmdd__etcd_get(llmdd__etcd *c, const char *key, int stop_fd,
         goto out;
     const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(j, "kvs");
     const cJSON *kv = cJSON_GetArrayItem(kvs, 0);
+    int64_t rev = 0, ls = 0;
     *found = kv != NULL;
     if (kv == NULL)
         goto out;
-    long n = llmdd__etcd_kv_bytes(kv, "value", value, cap);
-    if (n < 0) {
-        log_error("metadata server: the value of %s is malformed or over %zu "
-                  "bytes",
-                  key, cap - 1);
+    if (!llmdd__etcd_i64(kv, "mod_revision", 0, &rev) ||
+        !llmdd__etcd_i64(kv, "lease", 0, &ls)) {
+        log_error("metadata server: a malformed revision or lease of %s",
+                  key);
         rc = ETCD_BAD;
         goto out;
     }
-    *vlen = (size_t)n;
+    if (mod_rev != NULL)
+        *mod_rev = rev;
+    if (lease != NULL)
+        *lease = ls;
+    /* A value that is not base64 or over cap is what the key holds all
+     * the same: the caller decides what that means. */
+    *vlen = llmdd__etcd_kv_bytes(kv, "value", value, cap);
 out:
     cJSON_Delete(j);
     free(body);

@@ -59,10 +59,14 @@ int llmdd__etcd_put_if(llmdd__etcd *c, const char *key, const char *value,
                        int64_t lease, int64_t mod_rev, int64_t deadline_ms,
                        bool *done, char *cur, size_t cap, size_t *vlen,
                        int64_t *cur_rev);
-/* The value of key (up to cap bytes); *found false when it has none. */
+/*
+ * The value of key (up to cap - 1 bytes, NUL-terminated; *vlen -1 when it
+ * is not base64 or does not fit), its mod_revision and its lease (0: none;
+ * either pointer may be NULL); *found false when it has none.
+ */
 int llmdd__etcd_get(llmdd__etcd *c, const char *key, int stop_fd,
                     int64_t deadline_ms, bool *found, char *value, size_t cap,
-                    size_t *vlen);
+                    long *vlen, int64_t *mod_rev, int64_t *lease);
 /* Every key under prefix: the answer's "kvs" array stays in *out (the
  * caller's); *rev: the store's revision. count_only: no kvs. */
 int llmdd__etcd_range_prefix(llmdd__etcd *c, const char *prefix,

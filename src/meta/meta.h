@@ -11,8 +11,9 @@
  *  - etcd.c: one HTTP request to the gateway on the calling thread, with
  *    fail-over over the endpoints, bounded by a deadline; the etcd calls.
  *  - agent.c: one metadata thread per instance: keeps the lease alive,
- *    re-publishes after the server lost it, and watches the prefix (curl
- *    multi: the watch stream and the thread's wake eventfd in one wait).
+ *    confirms that our key still holds our entry and takes it back when it
+ *    does not, and watches the prefix (curl multi: the watch stream and
+ *    the thread's wake eventfd in one wait).
  */
 #ifndef LLMDD_META_META_H
 #define LLMDD_META_META_H
@@ -91,9 +92,12 @@ long llmdd__b64_decode(const char *in, size_t len, void *out, size_t cap);
 typedef struct llmdd__meta llmdd__meta;
 
 /*
- * An entry under the prefix was deleted or its lease expired: cluster_id
- * is gone. nonce: the departed instance's, from the entry's last value (0:
- * unknown). Called on the metadata thread, with no lock of this module held.
+ * An entry under the prefix was deleted or its lease expired: cluster_id's
+ * entry is gone (the instance may still live: heartbeats tell). nonce: the
+ * departed instance's, from the entry's last value (0: unknown, the server
+ * did not say). Not called for a deleted value that was no entry of that
+ * cluster, nor for our own entry. Called on the metadata thread, with no
+ * lock of this module held.
  */
 typedef void (*llmdd__meta_gone_fn)(void *arg, uint64_t cluster_id,
                                     uint64_t nonce);

@@ -1,7 +1,9 @@
 #include "harness/etcd_util.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -177,6 +179,140 @@ te_etcd_delete(te_etcd *e, const char *key)
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     curl_easy_cleanup(h);
     return cc == CURLE_OK && code == 200 ? 0 : -1;
+}
+
+/* A body of the gateway's answer. */
+typedef struct {
+    char buf[1 << 16];
+    size_t len;
+} gw_body;
+
+static size_t
+gw_write(char *p, size_t size, size_t n, void *arg)
+{
+    gw_body *b = arg;
+    size_t len = size * n;
+
+    if (b->len + len >= sizeof(b->buf))
+        return 0;
+    memcpy(b->buf + b->len, p, len);
+    b->len += len;
+    b->buf[b->len] = '\0';
+    return len;
+}
+
+/* POSTs body to path; the answer's JSON (the caller's), or the test fails. */
+static cJSON *
+gw_call(te_etcd *e, const char *path, const char *body)
+{
+    static gw_body b;
+    char url[128];
+    long code = 0;
+    CURL *h = curl_easy_init();
+
+    assert_non_null(h);
+    b.len = 0;
+    b.buf[0] = '\0';
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u%s", e->client, path);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, gw_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(h);
+    if (cc != CURLE_OK || code != 200)
+        fail_msg("etcd %s: %s, HTTP %ld: %s", path, curl_easy_strerror(cc),
+                 code, b.buf);
+    cJSON *j = cJSON_Parse(b.buf);
+    assert_non_null(j);
+    return j;
+}
+
+/* An int64 the gateway writes as a string; 0 when absent. */
+static int64_t
+gw_i64(const cJSON *o, const char *name)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (cJSON_IsNumber(it))
+        return (int64_t)it->valuedouble;
+    const char *s = cJSON_GetStringValue(it);
+    return s != NULL ? strtoll(s, NULL, 10) : 0;
+}
+
+static char *
+gw_b64(const char *s)
+{
+    size_t cap = (strlen(s) + 2) / 3 * 4 + 1;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    llmdd__b64_encode(s, strlen(s), out, cap);
+    return out;
+}
+
+int64_t
+te_etcd_grant(te_etcd *e, int ttl_s)
+{
+    char body[64];
+
+    snprintf(body, sizeof(body), "{\"TTL\":\"%d\"}", ttl_s);
+    cJSON *j = gw_call(e, "/v3/lease/grant", body);
+    int64_t id = gw_i64(j, "ID");
+    cJSON_Delete(j);
+    assert_true(id != 0);
+    return id;
+}
+
+void
+te_etcd_revoke(te_etcd *e, int64_t lease)
+{
+    char body[64];
+
+    snprintf(body, sizeof(body), "{\"ID\":\"%lld\"}", (long long)lease);
+    cJSON_Delete(gw_call(e, "/v3/lease/revoke", body));
+}
+
+void
+te_etcd_put(te_etcd *e, const char *key, const char *value, int64_t lease)
+{
+    char *k = gw_b64(key), *v = gw_b64(value);
+    size_t cap = strlen(k) + strlen(v) + 96;
+    char *body = malloc(cap);
+
+    assert_non_null(body);
+    snprintf(body, cap, "{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}",
+             k, v, (long long)lease);
+    cJSON_Delete(gw_call(e, "/v3/kv/put", body));
+    free(body);
+    free(k);
+    free(v);
+}
+
+bool
+te_etcd_get(te_etcd *e, const char *key, char *value, size_t cap,
+            int64_t *version)
+{
+    char *k = gw_b64(key), body[320];
+
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", k);
+    free(k);
+    cJSON *j = gw_call(e, "/v3/kv/range", body);
+    const cJSON *kv =
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "kvs"), 0);
+    bool found = kv != NULL;
+    if (found) {
+        const char *v = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(kv, "value"));
+        long n = v != NULL ? llmdd__b64_decode(v, strlen(v), value, cap - 1)
+                           : -1;
+        assert_true(n >= 0);
+        value[n] = '\0';
+        if (version != NULL)
+            *version = gw_i64(kv, "version");
+    }
+    cJSON_Delete(j);
+    return found;
 }
 
 void
@@ -400,4 +536,154 @@ int
 te_fake_count(void)
 {
     return atomic_load(&fake.count);
+}
+
+/* ---- The proxy. ---- */
+
+#define PROXY_PAIRS 256
+
+static struct {
+    int lfd;
+    int wake[2];
+    uint16_t to;
+    pthread_t thread;
+    atomic_bool blackhole, stop;
+    /* The thread's own: client side, upstream side (-1: not yet). */
+    int a[PROXY_PAIRS], b[PROXY_PAIRS];
+    size_t n;
+} proxy = {.lfd = -1};
+
+static int
+proxy_connect(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static void
+proxy_close(size_t i)
+{
+    close(proxy.a[i]);
+    if (proxy.b[i] >= 0)
+        close(proxy.b[i]);
+    proxy.n--;
+    proxy.a[i] = proxy.a[proxy.n];
+    proxy.b[i] = proxy.b[proxy.n];
+}
+
+/* Passes what `from` has to `to`; false when either side is done. */
+static bool
+proxy_pass(int from, int to)
+{
+    char buf[65536];
+    ssize_t n = recv(from, buf, sizeof(buf), MSG_DONTWAIT);
+
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+        return false;
+    for (ssize_t off = 0; off < n;) {
+        ssize_t w = send(to, buf + off, (size_t)(n - off), MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        off += w;
+    }
+    return true;
+}
+
+static void *
+proxy_main(void *arg)
+{
+    struct pollfd p[2 + 2 * PROXY_PAIRS];
+
+    (void)arg;
+    while (!atomic_load(&proxy.stop)) {
+        bool hole = atomic_load(&proxy.blackhole);
+        size_t np = 2;
+        p[0] = (struct pollfd){.fd = proxy.wake[0], .events = POLLIN};
+        p[1] = (struct pollfd){.fd = proxy.lfd, .events = POLLIN};
+        /* A connection accepted in a blackhole reaches etcd once it
+         * ends, as a SYN retransmitted after a partition would. */
+        for (size_t i = proxy.n; i-- > 0 && !hole;)
+            if (proxy.b[i] < 0 && (proxy.b[i] = proxy_connect(proxy.to)) < 0)
+                proxy_close(i);
+        for (size_t i = 0; i < proxy.n && !hole; i++) {
+            p[np++] = (struct pollfd){.fd = proxy.a[i], .events = POLLIN};
+            p[np++] = (struct pollfd){.fd = proxy.b[i], .events = POLLIN};
+        }
+        if (poll(p, np, -1) < 0)
+            continue;
+        if (p[0].revents) {
+            char c[64];
+            (void)!read(proxy.wake[0], c, sizeof(c));
+            continue; /* the blackhole changed: the set is built anew */
+        }
+        if (p[1].revents) {
+            int fd = accept4(proxy.lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0 && proxy.n < PROXY_PAIRS) {
+                proxy.a[proxy.n] = fd;
+                proxy.b[proxy.n++] = -1;
+            } else if (fd >= 0) {
+                close(fd);
+            }
+        }
+        /* Pairs from the end: proxy_close moves the last into a hole. */
+        for (size_t k = (np - 2) / 2; k-- > 0;) {
+            bool ok = true;
+            if (p[2 + 2 * k].revents)
+                ok = proxy_pass(p[2 + 2 * k].fd, p[3 + 2 * k].fd);
+            if (ok && p[3 + 2 * k].revents)
+                ok = proxy_pass(p[3 + 2 * k].fd, p[2 + 2 * k].fd);
+            if (!ok)
+                proxy_close(k);
+        }
+    }
+    while (proxy.n > 0)
+        proxy_close(0);
+    return NULL;
+}
+
+uint16_t
+te_proxy_start(uint16_t to)
+{
+    uint16_t port;
+
+    proxy.to = to;
+    proxy.n = 0;
+    atomic_store(&proxy.blackhole, false);
+    atomic_store(&proxy.stop, false);
+    proxy.lfd = th_socket(true, &port);
+    assert_int_equal(pipe2(proxy.wake, O_CLOEXEC | O_NONBLOCK), 0);
+    assert_int_equal(pthread_create(&proxy.thread, NULL, proxy_main, NULL),
+                     0);
+    return port;
+}
+
+void
+te_proxy_blackhole(bool on)
+{
+    atomic_store(&proxy.blackhole, on);
+    (void)!write(proxy.wake[1], "x", 1);
+}
+
+void
+te_proxy_stop(void)
+{
+    if (proxy.lfd < 0)
+        return;
+    atomic_store(&proxy.stop, true);
+    (void)!write(proxy.wake[1], "x", 1);
+    pthread_join(proxy.thread, NULL);
+    close(proxy.wake[0]);
+    close(proxy.wake[1]);
+    close(proxy.lfd);
+    proxy.lfd = -1;
 }

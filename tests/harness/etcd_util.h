@@ -1,9 +1,10 @@
 /*
  * A real etcd for the discovery tests (Debian's etcd-server): started on
  * loopback with free ports and a temporary data directory, stopped and
- * restarted (with its data or wiped), always reaped and removed. And a
- * fake gateway, a hostile peer that answers every request with what the
- * test chose. Not thread-safe; tests use them from the main thread.
+ * restarted (with its data or wiped), always reaped and removed; keys and
+ * leases written as an operator would. A proxy that can cut one node off
+ * from it. And a fake gateway, a hostile peer that answers every request
+ * with what the test chose. Not thread-safe; tests use them from the main thread.
  */
 #ifndef LLMDD_TESTS_ETCD_UTIL_H
 #define LLMDD_TESTS_ETCD_UTIL_H
@@ -33,6 +34,30 @@ void te_etcd_restart(te_etcd *e, bool wipe);
 int te_etcd_delete(te_etcd *e, const char *key);
 /* Stops it and removes its directory; safe to call twice. */
 void te_etcd_destroy(te_etcd *e);
+
+/* What an operator or another writer does with etcdctl, through the
+ * gateway; each fails the test when etcd does not answer. */
+/* A lease of ttl_s seconds; its id. */
+int64_t te_etcd_grant(te_etcd *e, int ttl_s);
+void te_etcd_revoke(te_etcd *e, int64_t lease);
+/* Puts key = value, under lease (0: none). */
+void te_etcd_put(te_etcd *e, const char *key, const char *value,
+                 int64_t lease);
+/* key's value (NUL-terminated, up to cap - 1 bytes) and its version (puts
+ * since it was created); false when the key does not exist. */
+bool te_etcd_get(te_etcd *e, const char *key, char *value, size_t cap,
+                 int64_t *version);
+
+/*
+ * A TCP proxy on a free loopback port to 127.0.0.1:to (one node's way to
+ * etcd), served by a thread until te_proxy_stop (safe to call twice). A
+ * blackhole passes nothing either way and answers nothing, with every
+ * connection held open (as a partition does: no reset, no close); once it
+ * ends, what waited is passed on.
+ */
+uint16_t te_proxy_start(uint16_t to);
+void te_proxy_blackhole(bool on);
+void te_proxy_stop(void);
 
 /* The fake gateway: what it answers. */
 enum te_fake_mode {
