@@ -195,6 +195,7 @@ ctrl_handshake_start(llmdd *dd, int fd)
     pthread_mutex_lock(&dd->lock);
     bool room = c->handshakes < HANDSHAKE_MAX ||
                 (c->handshakes < 2 * HANDSHAKE_MAX && ctrl_evict_idle(c));
+    c->starved = !room; /* a thread that ends wakes this one */
     if (room) {
         c->handshakes++;
         /* A slot is free: fewer waiting than MAX, or one just evicted. */

@@ -41,6 +41,7 @@ struct llmdd__ctrl {
     bool stop;
     uint64_t gen, seen_gen; /* the thread has rebuilt its poll set */
     int handshakes;
+    bool starved; /* connections wait for a handshake thread */
     /* Handshake threads still reading their HELLO: fd (-1: free) and
      * since. */
     int waiting[HANDSHAKE_MAX];

@@ -261,7 +261,7 @@ out:
 
 /*
  * A handshake thread's slot is free: the control thread may start one for a
- * connection that waits. Woken under dd->lock, so that llmdd__ctrl stays
+ * connection that waits (starved). Woken under dd->lock, so that llmdd__ctrl stays
  * until the wake is written (ctrl_stop waits for handshakes under it).
  */
 static void
@@ -269,7 +269,8 @@ handshake_done(llmdd *dd)
 {
     pthread_mutex_lock(&dd->lock);
     dd->ctrl->handshakes--;
-    llmdd__ctrl_wake(dd);
+    if (dd->ctrl->starved)
+        llmdd__ctrl_wake(dd);
     pthread_cond_broadcast(&dd->cond);
     pthread_mutex_unlock(&dd->lock);
 }
