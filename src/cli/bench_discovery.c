@@ -39,7 +39,7 @@ typedef struct {
 struct disc_run {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    bool go; /* the gate: every thread starts its call once it opens */
+    bool go;        /* the gate: every thread starts its call once it opens */
     const char *ip; /* NULL: by cluster id */
     uint16_t port;
     int timeout_ms;
@@ -85,7 +85,8 @@ disc_listen_drops(uint64_t *overflows, uint64_t *drops)
         if (strncmp(names, "TcpExt:", 7) != 0)
             continue;
         char *ns, *vs;
-        char *n = strtok_r(names, " \n", &ns), *v = strtok_r(values, " \n", &vs);
+        char *n = strtok_r(names, " \n", &ns),
+             *v = strtok_r(values, " \n", &vs);
         for (; n != NULL && v != NULL;
              n = strtok_r(NULL, " \n", &ns), v = strtok_r(NULL, " \n", &vs)) {
             if (strcmp(n, "ListenOverflows") == 0)
@@ -216,9 +217,9 @@ bench_discovery(const bench_cfg *cfg)
     dlo.user[dlo.nuser++] = own.user[0];
     plo = dlo;
     plo.user[plo.nuser++] = own.user[1];
-    llmdd_status st = cli_instance(DISC_PROMPT, LLMDD_ROLE_PROMPT, &plo,
-                                   "127.0.0.1", &port, &prompt, err,
-                                   sizeof(err));
+    llmdd_status st =
+        cli_instance(DISC_PROMPT, LLMDD_ROLE_PROMPT, &plo, "127.0.0.1", &port,
+                     &prompt, err, sizeof(err));
     if (st != LLM_SUCCESS) {
         cli_err("%s", err);
         goto out;
@@ -246,8 +247,8 @@ bench_discovery(const bench_cfg *cfg)
         uint64_t o0 = 0, d0 = 0, o1 = 0, d1 = 0;
         bool kernel = disc_listen_drops(&o0, &d0);
         by_addr[r] = disc_round(decs, n, "127.0.0.1", port, cfg->timeout_ms);
-        by_id[r] = by_id_too ? disc_round(decs, n, NULL, port, cfg->timeout_ms)
-                             : 0;
+        by_id[r] =
+            by_id_too ? disc_round(decs, n, NULL, port, cfg->timeout_ms) : 0;
         kernel = kernel && disc_listen_drops(&o1, &d1);
         if (by_addr[r] < 0 || by_id[r] < 0) {
             cli_err("round %u: a link failed", r + 1);

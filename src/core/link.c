@@ -651,8 +651,8 @@ llmdd__link_answer(llmdd__link *link, uint16_t type, uint64_t seq,
     /* Every request takes one sequence number, and gets at most one
      * reply: more replies than requests, or one to a number never given,
      * answer nothing. */
-    bool asked = seq >= 1 && seq <= link->wait_seq &&
-                 ++link->replies <= link->wait_seq;
+    bool asked =
+        seq >= 1 && seq <= link->wait_seq && ++link->replies <= link->wait_seq;
     for (llmdd__link_wait *w = link->waits; w != NULL; w = w->next) {
         if (w->type == type && w->seq == seq && !w->done) {
             w->len = len < sizeof(w->reply) ? len : sizeof(w->reply);

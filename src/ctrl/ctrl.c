@@ -68,9 +68,9 @@ llmdd__ctrl_wake(llmdd *dd)
  * the rest of its HELLO, EVICT_IDLE_MS or more (the thread then sees EOF and
  * exits), and frees its slot. A connection whose bytes wait unread is not
  * idle: its thread has not run yet; nor is one younger than that, whose
- * thread may have read its whole HELLO and not yet said so. dd->lock held; the handshake thread leaves its slot under the lock
- * before it closes the fd, so the fd is still its own here. Returns false
- * when no handshake is idle.
+ * thread may have read its whole HELLO and not yet said so. dd->lock held; the
+ * handshake thread leaves its slot under the lock before it closes the fd, so
+ * the fd is still its own here. Returns false when no handshake is idle.
  */
 static bool
 ctrl_evict_idle(llmdd__ctrl *c)
@@ -164,10 +164,10 @@ ctrl_accept(llmdd *dd, int lfd)
             return;
         }
         c->accept_backoff_ms = 0;
-        if (c->npending == c->pending_cap && c->pending_cap < HANDSHAKE_PENDING) {
+        if (c->npending == c->pending_cap &&
+            c->pending_cap < HANDSHAKE_PENDING) {
             size_t ncap = c->pending_cap ? 2 * c->pending_cap : 64;
-            llmdd__ctrl_pending *np =
-                realloc(c->pending, ncap * sizeof(*np));
+            llmdd__ctrl_pending *np = realloc(c->pending, ncap * sizeof(*np));
             if (np != NULL) {
                 c->pending = np;
                 c->pending_cap = ncap;
@@ -176,8 +176,8 @@ ctrl_accept(llmdd *dd, int lfd)
         if (c->npending == c->pending_cap)
             ctrl_refuse_busy(dd, fd);
         else
-            c->pending[c->npending++] = (llmdd__ctrl_pending){
-                .fd = fd, .since = llmdd__now_ms()};
+            c->pending[c->npending++] =
+                (llmdd__ctrl_pending){.fd = fd, .since = llmdd__now_ms()};
     }
 }
 
@@ -413,7 +413,7 @@ reply_deliver(llmdd__link *link, uint16_t type, const uint8_t *buf, size_t len)
         return false;
     }
     if (!llmdd__link_answer(link, type,
-                            type == WMSG_PONG            ? (uint64_t)seq
+                            type == WMSG_PONG           ? (uint64_t)seq
                             : type == WMSG_LAYOUT_REPLY ? lr.seq
                                                         : r.seq,
                             buf, len)) {
@@ -469,8 +469,7 @@ hb_take(llmdd__link *link)
     if (cl->hb_credit_ms < 0) {
         char why[96];
         snprintf(why, sizeof(why),
-                 "heartbeats faster than the two per %u ms it announced",
-                 peer);
+                 "heartbeats faster than the two per %u ms it announced", peer);
         llmdd__link_breach(link, why);
         return false;
     }
@@ -752,10 +751,10 @@ ctrl_main(void *arg)
         if (expiry < wait)
             wait = expiry;
         for (size_t i = 0; i < nlinks; i++) {
-            int64_t next = ctrl_of(links[i])->more
-                               ? 0
-                               : ctrl_heartbeat_due(links[i], hb_ms, misses,
-                                                    now);
+            int64_t next =
+                ctrl_of(links[i])->more
+                    ? 0
+                    : ctrl_heartbeat_due(links[i], hb_ms, misses, now);
             if (next < wait)
                 wait = next;
         }

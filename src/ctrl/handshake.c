@@ -172,18 +172,17 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         rep.status = LLM_FAILED;
     } else if (h->cluster_id == dd->cluster_id) {
         log_warn("handshake: peer has our own cluster id %llu",
-                  (unsigned long long)h->cluster_id);
+                 (unsigned long long)h->cluster_id);
         rep.status = LLM_LINK_FAILED;
     } else if (h->auth != rep.auth) {
         log_warn("handshake: cluster %llu %s an auth token and we %s",
-                  (unsigned long long)h->cluster_id,
-                  h->auth ? "has" : "does not have",
-                  rep.auth ? "do" : "do not");
+                 (unsigned long long)h->cluster_id,
+                 h->auth ? "has" : "does not have", rep.auth ? "do" : "do not");
         rep.status = LLM_LINK_FAILED;
     } else if (full) {
         log_warn("handshake: cluster %llu refused: %u links served "
-                  "(llm.MaxLinks)",
-                  (unsigned long long)h->cluster_id, dd->opts.max_links);
+                 "(llm.MaxLinks)",
+                 (unsigned long long)h->cluster_id, dd->opts.max_links);
         rep.status = LLM_CLUSTER_NUM_EXCEED_LIMIT;
     } else if (token != NULL) {
         auth_mac(token, "llmdd-server", h->cnonce, rep.snonce, h->cluster_id,
@@ -209,7 +208,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
     if (token != NULL && !auth_ok(token, "llmdd-client", h->cnonce, rep.snonce,
                                   h->cluster_id, dd->cluster_id, conf.mac)) {
         log_warn("handshake: cluster %llu failed authentication",
-                  (unsigned long long)h->cluster_id);
+                 (unsigned long long)h->cluster_id);
         goto reply;
     }
     llmdd__peer peer = {.cluster_id = h->cluster_id,
@@ -226,7 +225,7 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
         (strcmp(dd->opts.transport, "auto") != 0 &&
          strcmp(dd->opts.transport, conf.transport) != 0)) {
         log_warn("handshake: cluster %llu wants transport %s; refused",
-                  (unsigned long long)h->cluster_id, conf.transport);
+                 (unsigned long long)h->cluster_id, conf.transport);
         goto reply;
     }
     if (llmdd__random(link->token, sizeof(link->token)) != 0 ||
@@ -261,8 +260,8 @@ out:
 
 /*
  * A handshake thread's slot is free: the control thread may start one for a
- * connection that waits (starved). Woken under dd->lock, so that llmdd__ctrl stays
- * until the wake is written (ctrl_stop waits for handshakes under it).
+ * connection that waits (starved). Woken under dd->lock, so that llmdd__ctrl
+ * stays until the wake is written (ctrl_stop waits for handshakes under it).
  */
 static void
 handshake_done(llmdd *dd)
@@ -340,8 +339,8 @@ link_adopt(llmdd *dd, uint64_t cluster, int64_t deadline)
         return LLM_SUCCESS;
     }
     log_info("link to cluster %llu: its crossing link call did not arrive "
-              "in time",
-              (unsigned long long)cluster);
+             "in time",
+             (unsigned long long)cluster);
     return LLM_TIMEOUT;
 }
 

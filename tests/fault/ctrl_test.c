@@ -12,8 +12,9 @@
  *   readable listener, and accepts the queued connection once fds free;
  * - llm.MaxLinks bounds the links a server takes;
  * - the handshake stage: 1024 clients linking at once (eight times the
- *   handshake threads; 256 under sanitizers) all link; past the connections the stage holds, a link call
- *   gets LLM_LINK_BUSY (retryable), and links once they are gone;
+ *   handshake threads; 256 under sanitizers) all link; past the connections
+ *   the stage holds, a link call gets LLM_LINK_BUSY (retryable), and links
+ *   once they are gone;
  * - two instances linking to each other at the same moment end with one
  *   link that both can use, and both calls report it truthfully;
  * - a peer of another protocol version (llmdd 0.3 speaks 2) is refused at
@@ -395,8 +396,8 @@ test_link_storm(void **state)
         assert_int_equal(pthread_join(th[i], NULL), 0);
         ok += s[i].st == LLM_SUCCESS;
     }
-    fprintf(stderr, "# %d of %d clients linked at once in %lld ms\n", ok,
-            STORM, (long long)(th_now_ms() - t0));
+    fprintf(stderr, "# %d of %d clients linked at once in %lld ms\n", ok, STORM,
+            (long long)(th_now_ms() - t0));
     assert_int_equal(ok, STORM);
     /* Heartbeats that queued up during a slow setup are no flood, and a
      * link whose client is still setting up is not silent. */
@@ -405,8 +406,8 @@ test_link_storm(void **state)
     for (int i = 0; i < STORM; i++) {
         assert_int_equal(llmdd_check_link(s[i].dd, SERVER, 5000 * FU_SLOW),
                          LLM_SUCCESS);
-        assert_int_equal(
-            th_metric(s[i].dd, "llmdd_protocol_breaches_total"), 0);
+        assert_int_equal(th_metric(s[i].dd, "llmdd_protocol_breaches_total"),
+                         0);
     }
     for (int i = 0; i < STORM; i++)
         llmdd_destroy(s[i].dd);

@@ -162,9 +162,9 @@ flood(bool allowed)
         worst = took > worst ? took : worst;
         checks++;
         if (link_ms < 0 && t0 - start >= FLOOD_MS / 2) {
-            assert_int_equal(th_link(late, 1, "127.0.0.1", port,
-                                     2000 * FU_SLOW),
-                             LLM_SUCCESS);
+            assert_int_equal(
+                th_link(late, 1, "127.0.0.1", port, 2000 * FU_SLOW),
+                LLM_SUCCESS);
             link_ms = th_now_ms() - t0 - took;
         }
         int64_t next = t0 + CHECK_EVERY_MS - th_now_ms();
@@ -206,8 +206,7 @@ flood(bool allowed)
             "%lld\n",
             allowed ? "allowed" : "heartbeat", (long long)atomic_load(&f.sent),
             (long long)atomic_load(&f.replies), checks, (long long)worst,
-            (long long)link_ms, kept ? "kept" : "dropped",
-            (long long)breaches);
+            (long long)link_ms, kept ? "kept" : "dropped", (long long)breaches);
     assert_true(kept == allowed);
     assert_int_equal(breaches, allowed ? 0 : 1);
     /* No link of the healthy peers was dropped for silence. */
