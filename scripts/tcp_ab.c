@@ -9,7 +9,11 @@
  *
  *   cc -O2 -Iinclude -o build/tcp_ab scripts/tcp_ab.c -Lbuild -lllmdd \
  *       -lpthread -Wl,-rpath,$PWD/build
- *   ./build/tcp_ab SIZE ITERS [MODE]     MODE 1: llmdd only, 2: raw only
+ *   ./build/tcp_ab SIZE ITERS [MODE [PLACE]]
+ *
+ * MODE 0: both (the default), 1: llmdd only, 2: raw only. PLACE same: both
+ * processes on CPU 0; split: this one on CPU 0, the child on CPU 1; by
+ * default where the scheduler puts them.
  *
  * The child process is the prompt (llm.Transport=tcp) plus a raw sender
  * thread; the parent is the decoder and the raw receiver. Prints, for each
@@ -23,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +98,18 @@ raw_sender(void *arg)
             break;
     close(fd);
     return NULL;
+}
+
+/* Keeps this process (every thread it starts from now on) on one CPU. */
+static void
+pin(int cpu)
+{
+    cpu_set_t m;
+
+    CPU_ZERO(&m);
+    CPU_SET(cpu, &m);
+    if (sched_setaffinity(0, sizeof(m), &m) != 0)
+        perror("sched_setaffinity");
 }
 
 static int
@@ -171,6 +188,7 @@ main(int argc, char **argv)
 {
     int iters = argc > 2 ? atoi(argv[2]) : 0;
     int mode = argc > 3 ? atoi(argv[3]) : 0;
+    const char *place = argc > 4 ? argv[4] : "";
     int pfd[2], qfd[2];
 
     size = argc > 2 ? strtoul(argv[1], NULL, 0) : 0;
@@ -187,10 +205,14 @@ main(int argc, char **argv)
         return 2;
     pid_t pid = fork();
     if (pid == 0) {
+        if (strcmp(place, "same") == 0 || strcmp(place, "split") == 0)
+            pin(strcmp(place, "same") == 0 ? 0 : 1);
         close(qfd[1]);
         _exit(prompt_main(&d, pfd[1], qfd[0]));
     }
     close(qfd[0]);
+    if (strcmp(place, "same") == 0 || strcmp(place, "split") == 0)
+        pin(0);
 
     int64_t msg[3];
     llmdd_option topt = {"llm.Transport", "tcp"};
