@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness/mp.h"
 
@@ -322,12 +323,34 @@ auto_loopback(const char *listen_ip)
     assert_int_equal(th_proc_stop(p), 0);
 }
 
+/*
+ * Whether a listener on :: takes IPv4 here: IPv6 sockets exist and are
+ * dual-stack by default (net.ipv6.bindv6only 0), as the peer's will be.
+ */
+static bool
+dual_stack(void)
+{
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), only = 1;
+    socklen_t len = sizeof(only);
+    bool ok = fd >= 0 &&
+              getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &only, &len) == 0 &&
+              only == 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
 static void
 test_auto_loopback(void **state)
 {
     (void)state;
     auto_loopback("127.0.0.1");
-    auto_loopback("::");
+    if (dual_stack())
+        auto_loopback("::");
+    else
+        printf("lanes_test: no dual-stack IPv6 here; the :: case skipped\n");
 }
 
 int
