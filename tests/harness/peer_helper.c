@@ -378,6 +378,7 @@ cmd_lookup(llmdd *dd, uint64_t cluster, const char *key)
     fflush(stdout);
 }
 
+/* The fds looked at: a push-lanes test holds a link or two, far fewer. */
 #define ACKED_MAX 256
 
 /* bytes_acked of every TCP socket of this process, by fd (0: none). */
