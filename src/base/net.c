@@ -360,6 +360,9 @@ llmdd__sockaddr_loopback(const llmdd__sockaddr *a)
     }
     if (a->addr.ss_family == AF_INET6) {
         const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&a->addr;
+        /* A dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d. */
+        if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr))
+            return v6->sin6_addr.s6_addr[12] == 127;
         return IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
     }
     return false;

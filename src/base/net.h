@@ -26,7 +26,7 @@ typedef struct {
 /* Formats an address as "ip:port" or "[ip]:port". */
 void llmdd__sockaddr_str(const llmdd__sockaddr *a, char *buf, size_t len);
 
-/* Whether a is a loopback address (127.0.0.0/8, ::1). */
+/* Whether a is a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). */
 bool llmdd__sockaddr_loopback(const llmdd__sockaddr *a);
 
 /* CLOCK_MONOTONIC in ms: the clock of every deadline. */

@@ -75,7 +75,9 @@ typedef struct llmdd__peer {
     /* Verified, not claimed: the other end of the control connection is
      * held by an instance of this very process (llmdd__own_conn_peer). */
     bool local;
-    llmdd__sockaddr addr; /* where its listener is, when we are the client */
+    /* Client side: where its listener is; server side: where its control
+     * connection comes from (a port no one listens on). */
+    llmdd__sockaddr addr;
 } llmdd__peer;
 
 /* A reply awaited on a link's control connection (llmdd__link_await). */

@@ -217,6 +217,12 @@ handshake_ctrl(llmdd *dd, int fd, const llmdd__hello *h, int64_t deadline)
                         .nonce = h->nonce,
                         .local = local};
     memcpy(peer.boot_id, h->boot_id, sizeof(peer.boot_id));
+    /* Where the peer's connection comes from: it tells llm.TcpLanes=auto a
+     * peer on loopback (tcp.c) on this side too. Unknown: not loopback. */
+    peer.addr.len = sizeof(peer.addr.addr);
+    if (getpeername(fd, (struct sockaddr *)&peer.addr.addr,
+                    &peer.addr.len) != 0)
+        memset(&peer.addr, 0, sizeof(peer.addr));
     link = llmdd__link_new(dd, &peer, false, -1);
     if (link == NULL || link_terms(link, &h->terms, &rep.terms) != 0)
         goto reply;

@@ -13,6 +13,9 @@
  *   pull CLUSTER ID [SEED]         slot 0 of its cache ID into scratch:
  *                                  status; with SEED, the bytes checked
  *   push CLUSTER ID                our kv cache's slot 0 to its cache ID
+ *   push-lanes CLUSTER ID RID      slot 0 of our cache ID to the peer's
+ *                                  RID: "OK <n>", n the TCP connections of
+ *                                  this process that carried 1 MiB of it
  *   post-pulls CLUSTER ID N        N posted pulls of slot 0 into scratch;
  *                                  waits for all: "OK <ms to the last end>
  *                                  <status>..." then watches the scratch
@@ -34,6 +37,9 @@
  *          --no-dumpable (no value: refuse other processes' cross-memory
  *          attach, as prctl(PR_SET_DUMPABLE, 0) does without CAP_SYS_PTRACE)
  */
+#include <dirent.h>
+#include <linux/tcp.h> /* tcp_info with bytes_acked; glibc's lacks it */
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -372,6 +378,50 @@ cmd_lookup(llmdd *dd, uint64_t cluster, const char *key)
     fflush(stdout);
 }
 
+/* The fds looked at: a push-lanes test holds a link or two, far fewer. */
+#define ACKED_MAX 256
+
+/* bytes_acked of every TCP socket of this process, by fd (0: none). */
+static void
+tcp_acked(uint64_t *acked)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    memset(acked, 0, ACKED_MAX * sizeof(*acked));
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+        if (fd > 2 && fd < ACKED_MAX && fd != dirfd(d) &&
+            getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0)
+            acked[fd] = ti.tcpi_bytes_acked;
+    }
+    if (d != NULL)
+        closedir(d);
+}
+
+/*
+ * Pushes slot 0 of our cache id to the peer's rid and counts the TCP
+ * connections that carried at least 1 MiB of it: the lanes it was striped
+ * over (llm.TcpLanes), as the kernel saw them.
+ */
+static void
+cmd_push_lanes(llmdd *dd, uint64_t cluster, long long id, long long rid)
+{
+    static uint64_t before[ACKED_MAX], after[ACKED_MAX];
+    llmdd_cache local = {.cache_id = id};
+    llmdd_cache_index dst = {cluster, rid, 0};
+    int lanes = 0;
+
+    tcp_acked(before);
+    llmdd_status st = llmdd_push_kv_cache(dd, &local, &dst, 0, -1, NULL);
+    tcp_acked(after);
+    for (int fd = 0; fd < ACKED_MAX; fd++)
+        lanes += after[fd] >= before[fd] + (1u << 20);
+    reply_status(st, lanes);
+}
+
 static void
 cmd_push_loop(llmdd *dd, uint64_t cluster, long long id, long long rid,
               unsigned n)
@@ -516,6 +566,9 @@ main(int argc, char **argv)
             cmd_link(dd, cl, key, a);
         } else if (sscanf(line, "pull %llu %lld %u", &cl, &id, &a) >= 2) {
             cmd_pull(dd, cl, id, a);
+        } else if (sscanf(line, "push-lanes %llu %lld %lld", &cl, &id,
+                          &id2) == 3) {
+            cmd_push_lanes(dd, cl, id, id2);
         } else if (sscanf(line, "push %llu %lld", &cl, &id) == 2) {
             cmd_push(dd, pc.kv, cl, id);
         } else if (sscanf(line, "post-pulls %llu %lld %u", &cl, &id, &a) ==

@@ -3,7 +3,10 @@
  * goes out on four data connections at once; one of them cut in the middle
  * of the transfer fails the request within its wait time, writes nothing
  * after that, and a pull after linking again is byte-exact. And a decoder
- * given local_ip_infos opens every connection from that address.
+ * given local_ip_infos opens every connection from that address. And
+ * llm.TcpLanes=auto gives one lane to a peer on loopback on both sides of a
+ * link: the side that linked and the side that accepted (which knows the
+ * peer only by its connection's address).
  *
  * The data connections are found the way the kernel sees them: the sockets
  * in /proc/self/fd connected to the peer's port; the control connection is
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness/mp.h"
 
@@ -263,12 +267,99 @@ test_local_ip(void **state)
     assert_int_equal(th_proc_stop(p), 0);
 }
 
+/*
+ * llm.TcpLanes=auto on loopback: a push that would stripe (a 16 MiB slot)
+ * goes over one connection from either side. The side that accepted the
+ * link once did not know its peer's address and striped over every REV
+ * connection the peer had opened. The peer listens on listen_ip; we link
+ * to 127.0.0.1 (a listener on :: sees us as ::ffff:127.0.0.1).
+ */
+static void
+auto_loopback(const char *listen_ip)
+{
+    const char *const args[] = {"--role", "prompt",  "--transport", "tcp",
+                                "--ip",   listen_ip, NULL};
+    llmdd_option opts[] = {{"llm.Transport", "tcp"},
+                           {"llm.TcpLanes", "auto"}};
+    const uint64_t slot = (uint64_t)BIG_MIB << 18;
+    sock before[MAX_SOCKS], after[MAX_SOCKS];
+    char cmd[96], reply[64];
+    llmdd_cache c;
+
+    th_proc *p = mp_peer_start(1, args);
+    llmdd *dd = mp_decoder(MP_SELF, opts, 2);
+    assert_int_equal(th_link(dd, 1, MP_IP, p->port, 2000), LLM_SUCCESS);
+    int64_t rid = alloc_big(p, 9);
+    llmdd_cache_desc d = big_desc();
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &c), LLM_SUCCESS);
+    printf("lanes_test: a peer listening on %s\n", listen_ip);
+
+    /* The accepting side's push, counted by the peer on its sockets. */
+    snprintf(cmd, sizeof(cmd), "push-lanes %d %lld %lld", MP_SELF,
+             (long long)rid, (long long)c.cache_id);
+    assert_int_equal(th_proc_cmd(p, cmd, reply, sizeof(reply)), 0);
+    printf("lanes_test: the accepting side's push went over %s "
+           "connection(s)\n", reply + 3);
+    assert_int_equal(atoi(reply + 3), 1);
+    const uint8_t *buf = (const uint8_t *)(uintptr_t)c.tensor_addrs[0];
+    assert_int_equal(th_check_buf(buf, slot, 9, 0), -1);
+
+    /* Ours, counted on the connections to the peer's listener. */
+    int n = socks_to(p->port, before, MAX_SOCKS);
+    llmdd_cache_index dst = {1, rid, 0};
+    assert_int_equal(llmdd_push_kv_cache(dd, &c, &dst, 0, -1, NULL),
+                     LLM_SUCCESS);
+    int m = socks_to(p->port, after, MAX_SOCKS), lanes = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++)
+            lanes += after[i].fd == before[j].fd &&
+                     after[i].acked >= before[j].acked + (1u << 20);
+    printf("lanes_test: the linking side's push went over %d "
+           "connection(s)\n", lanes);
+    assert_int_equal(lanes, 1);
+
+    assert_int_equal(llmdd_deallocate_cache(dd, c.cache_id), LLM_SUCCESS);
+    llmdd_destroy(dd);
+    assert_int_equal(th_proc_stop(p), 0);
+}
+
+/*
+ * Whether a listener on :: takes IPv4 here: IPv6 sockets exist and are
+ * dual-stack by default (net.ipv6.bindv6only 0), as the peer's will be.
+ */
+static bool
+dual_stack(void)
+{
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), only = 1;
+    socklen_t len = sizeof(only);
+    bool ok = fd >= 0 &&
+              getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &only, &len) == 0 &&
+              only == 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void
+test_auto_loopback(void **state)
+{
+    (void)state;
+    auto_loopback("127.0.0.1");
+    if (dual_stack())
+        auto_loopback("::");
+    else
+        printf("lanes_test: no dual-stack IPv6 here; the :: case skipped\n");
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lane_cut_mid_pull, teardown),
         cmocka_unit_test_teardown(test_local_ip, teardown),
+        cmocka_unit_test_teardown(test_auto_loopback, teardown),
     };
 
     return cmocka_run_group_tests_name("multiproc.lanes", tests, NULL, NULL);

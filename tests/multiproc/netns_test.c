@@ -13,6 +13,10 @@
  * test_same_host_cc: a connection that stays on its host gets the cubic
  * congestion control (base/net.h), one to another host keeps the system's.
  *
+ * test_auto_lanes: llm.TcpLanes=auto stripes a large push over four lanes
+ * to a peer on another host from both sides of the link, the one that
+ * accepted it too (lanes_test: one lane on loopback).
+ *
  * test_partition: one end of the veth set down, a silent partition; both
  * sides' heartbeats notice it (so the test has the label cuts_peers).
  *
@@ -590,6 +594,48 @@ test_partition(void **state)
     assert_int_equal(th_proc_stop(&peer_b), 0);
 }
 
+/*
+ * A 16 MiB push each way between two peers with llm.TcpLanes=auto, each
+ * counting the connections that carried it: four lanes from the side that
+ * linked (B) and from the side that accepted (A), whose only knowledge of
+ * B's address is its connection's.
+ */
+static void
+test_auto_lanes(void **state)
+{
+    const char *wrap_a[] = {"ip", "netns", "exec", ns_a, NULL};
+    const char *wrap_b[] = {"ip", "netns", "exec", ns_b, NULL};
+    const char *args_a[] = {"--cluster", "1", "--ip", IP_A, "--transport",
+                            "tcp", NULL};
+    const char *args_b[] = {"--cluster", "2", "--ip", IP_B, "--transport",
+                            "tcp", NULL};
+    char cmd[96], reply[64];
+
+    (void)state;
+    if (th_proc_start(&peer_a, wrap_a, args_a) != 0 ||
+        th_proc_start(&peer_b, wrap_b, args_b) != 0)
+        fail_msg("peer_helper did not start in the namespaces");
+    snprintf(cmd, sizeof(cmd), "link 1 %s %u", IP_A, peer_a.port);
+    assert_int_equal(th_proc_cmd(&peer_b, cmd, reply, sizeof(reply)), 0);
+    assert_int_equal(th_proc_cmd(&peer_a, "alloc-big 64 1 9", reply,
+                                 sizeof(reply)), 0);
+    long long id_a = atoll(reply + 3);
+    assert_int_equal(th_proc_cmd(&peer_b, "alloc-big 64 1 7", reply,
+                                 sizeof(reply)), 0);
+    long long id_b = atoll(reply + 3);
+
+    snprintf(cmd, sizeof(cmd), "push-lanes 2 %lld %lld", id_a, id_b);
+    assert_int_equal(th_proc_cmd(&peer_a, cmd, reply, sizeof(reply)), 0);
+    fprintf(stderr, "# the accepting side's push: %s lanes\n", reply + 3);
+    assert_int_equal(atoi(reply + 3), 4);
+    snprintf(cmd, sizeof(cmd), "push-lanes 1 %lld %lld", id_b, id_a);
+    assert_int_equal(th_proc_cmd(&peer_b, cmd, reply, sizeof(reply)), 0);
+    fprintf(stderr, "# the linking side's push: %s lanes\n", reply + 3);
+    assert_int_equal(atoi(reply + 3), 4);
+    assert_int_equal(th_proc_stop(&peer_a), 0);
+    assert_int_equal(th_proc_stop(&peer_b), 0);
+}
+
 static void
 test_per_flow_cap(void **state)
 {
@@ -668,6 +714,7 @@ main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_two_hosts, teardown),
+        cmocka_unit_test_teardown(test_auto_lanes, teardown),
         cmocka_unit_test_teardown(test_partition, teardown),
         cmocka_unit_test_teardown(test_per_flow_cap, teardown),
         cmocka_unit_test_teardown(test_same_host_cc, teardown),
