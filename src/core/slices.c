@@ -232,23 +232,14 @@ plan_push(llmdd__plan2 *p, uint64_t so, uint64_t dof, uint64_t len,
  * The dims of a box: count, source and destination stride each, as three
  * arrays rather than an array of structs, so that moving a dim is three
  * 8-byte copies of values just stored as such (a struct copy's 16-byte
- * loads stall on them).
+ * loads stall on them). All four are set, parts, heads, tokens and blocks,
+ * and emit_box keeps the count of those in use itself: a count stored
+ * beside them is one the compiler cannot bound, and gcc 12 then warns at
+ * -O2 and above that the dims past it may be read uninitialized.
  */
 typedef struct {
     uint64_t n[4], ss[4], ds[4];
-    int nd;
 } box_dims;
-
-static void
-box_add(box_dims *b, uint64_t n, uint64_t ss, uint64_t ds)
-{
-    if (n > 1) {
-        b->n[b->nd] = n;
-        b->ss[b->nd] = ss;
-        b->ds[b->nd] = ds;
-        b->nd++;
-    }
-}
 
 /* Dim i takes dim j's place. */
 static void
@@ -260,8 +251,8 @@ box_move(box_dims *b, int i, int j)
 }
 
 /*
- * A box of elements: base offsets, up to 4 dims (those of count 1 left
- * out), elements of len bytes. Dims whose strides equal the element length
+ * A box of elements: base offsets, 4 dims (those of count 1 are left out
+ * first), elements of len bytes. Dims whose strides equal the element length
  * on both sides fold into it, and a dim that steps by a whole inner dim on
  * both sides joins it (whole blocks in a row after their tokens); the
  * widest remaining dim becomes the count of 2-D runs, the others are
@@ -271,7 +262,10 @@ static int
 emit_box(llmdd__plan2 *p, uint64_t sbase, uint64_t dbase, uint64_t len,
          box_dims *d)
 {
-    int nd = d->nd;
+    int nd = 0;
+    for (int i = 0; i < 4; i++)
+        if (d->n[i] > 1)
+            box_move(d, nd++, i);
     for (bool folded = true; folded;) {
         folded = false;
         for (int i = 0; i < nd && !folded; i++) {
@@ -365,15 +359,15 @@ llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
         uint64_t dbase =
             db[0] * dg.block + ds * dg.stride[LLMDD_KV_DIM_TOKEN] +
             (uint64_t)(h0 - dl->head_first) * dg.stride[LLMDD_KV_DIM_HEAD];
-        box_dims d;
-        d.nd = 0; /* no initializer: box_add writes what is read */
-        box_add(&d, sl->num_parts, sg.stride[LLMDD_KV_DIM_PART],
-                dg.stride[LLMDD_KV_DIM_PART]);
-        box_add(&d, h1 - h0, sg.stride[LLMDD_KV_DIM_HEAD],
-                dg.stride[LLMDD_KV_DIM_HEAD]);
-        box_add(&d, L, sg.stride[LLMDD_KV_DIM_TOKEN],
-                dg.stride[LLMDD_KV_DIM_TOKEN]);
-        box_add(&d, nb, sg.block, dg.block);
+        /* Every field set by value: a zero initializer costs a `rep stos`
+         * here. */
+        box_dims d = {
+            .n = {sl->num_parts, h1 - h0, L, nb},
+            .ss = {sg.stride[LLMDD_KV_DIM_PART], sg.stride[LLMDD_KV_DIM_HEAD],
+                   sg.stride[LLMDD_KV_DIM_TOKEN], sg.block},
+            .ds = {dg.stride[LLMDD_KV_DIM_PART], dg.stride[LLMDD_KV_DIM_HEAD],
+                   dg.stride[LLMDD_KV_DIM_TOKEN], dg.block},
+        };
         if (emit_box(p, sbase, dbase, sl->head_bytes, &d) != 0)
             return -1;
         t += L * nb;

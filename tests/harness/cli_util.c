@@ -101,6 +101,19 @@ cu_fill_result(cu_result *r, int status)
     }
 }
 
+/*
+ * A UBSan report in the tool's captured stderr, passed on to the test's
+ * own output. gcc's UBSan beside ASan writes its reports to stderr
+ * whatever log_path says (tests/harness/san_run.sh catches the others),
+ * and a test whose output has one fails (tests/CMakeLists.txt).
+ */
+static void
+cu_pass_on_reports(const char *err)
+{
+    if (strstr(err, "runtime error: ") != NULL)
+        fprintf(stderr, "---- the llmdd process's stderr:\n%s\n----\n", err);
+}
+
 cu_result
 cu_run(int timeout_s, const char *const *args)
 {
@@ -131,6 +144,7 @@ cu_run(int timeout_s, const char *const *args)
         r.out = strdup("");
     if (r.err == NULL)
         r.err = strdup("");
+    cu_pass_on_reports(r.err);
     unlink(outp);
     unlink(errp);
     if (to) {
@@ -258,6 +272,7 @@ cu_stop(cu_bg *b, int sig, int timeout_s)
     r.err = cu_read_file(b->errpath, NULL);
     if (r.err == NULL)
         r.err = strdup("");
+    cu_pass_on_reports(r.err);
     unlink(b->errpath);
     if (to) {
         cu_dump("timed out", &r);
