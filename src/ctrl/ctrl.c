@@ -104,10 +104,11 @@ llmdd__ctrl_hello_done(llmdd *dd, int fd)
 }
 
 /*
- * A connection past HANDSHAKE_PENDING: a control HELLO already there is
- * answered LLM_LINK_BUSY, which its link call returns (retryable); the
- * connection is closed either way. The HELLO is read first, so the close
- * is a FIN, not a reset that could discard the reply at the peer.
+ * A connection accepted past HANDSHAKE_PENDING, once its bytes arrived: a
+ * control HELLO is answered LLM_LINK_BUSY, which its link call returns
+ * (retryable); the connection is closed either way. The HELLO is read
+ * first, so the close is a FIN, not a reset that could discard the reply at
+ * the peer.
  */
 static void
 ctrl_refuse_busy(llmdd *dd, int fd)
@@ -165,7 +166,7 @@ ctrl_accept(llmdd *dd, int lfd)
         }
         c->accept_backoff_ms = 0;
         if (c->npending == c->pending_cap &&
-            c->pending_cap < HANDSHAKE_PENDING) {
+            c->pending_cap < HANDSHAKE_PENDING + HANDSHAKE_REFUSING) {
             size_t ncap = c->pending_cap ? 2 * c->pending_cap : 64;
             llmdd__ctrl_pending *np = realloc(c->pending, ncap * sizeof(*np));
             if (np != NULL) {
@@ -173,12 +174,35 @@ ctrl_accept(llmdd *dd, int lfd)
                 c->pending_cap = ncap;
             }
         }
-        if (c->npending == c->pending_cap)
-            ctrl_refuse_busy(dd, fd);
-        else
-            c->pending[c->npending++] =
-                (llmdd__ctrl_pending){.fd = fd, .since = llmdd__now_ms()};
+        if (c->npending == c->pending_cap) {
+            close(fd); /* even the refusals wait: no word for this one */
+            continue;
+        }
+        c->pending[c->npending] = (llmdd__ctrl_pending){
+            .fd = fd,
+            .since = llmdd__now_ms(),
+            .busy = c->npending >= HANDSHAKE_PENDING};
+        c->npending++;
     }
+}
+
+/*
+ * A pending connection that polled readable: bytes arrived (it waits for a
+ * thread), or the peer closed it before sending any, which needs no thread
+ * to learn (a slowloris that gives up, a client that was refused).
+ */
+static void
+ctrl_pending_readable(llmdd__ctrl_pending *p)
+{
+    uint8_t b;
+    ssize_t n = recv(p->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        p->ready = true;
+        return;
+    }
+    close(p->fd);
+    p->fd = -1; /* ctrl_pending_run drops it */
 }
 
 /*
@@ -243,6 +267,12 @@ ctrl_pending_run(llmdd *dd, int64_t now)
 
     for (size_t i = 0; i < c->npending; i++) {
         llmdd__ctrl_pending p = c->pending[i];
+        if (p.fd < 0)
+            continue; /* closed by its peer */
+        if (p.ready && p.busy) {
+            ctrl_refuse_busy(dd, p.fd);
+            continue;
+        }
         if (p.ready && room && (room = ctrl_handshake_start(dd, p.fd)))
             continue;
         if (!p.ready && now - p.since >= HANDSHAKE_MS) {
@@ -769,7 +799,7 @@ ctrl_main(void *arg)
             /* Before the accept: it appends to the pending connections. */
             for (size_t i = 0; i < npend; i++)
                 if (pfd[2 + nlinks + i].revents & (POLLIN | POLLHUP | POLLERR))
-                    c->pending[i].ready = true;
+                    ctrl_pending_readable(&c->pending[i]);
             if (lfd >= 0 && (pfd[1].revents & POLLIN))
                 ctrl_accept(dd, lfd);
         }

@@ -18,12 +18,14 @@
  * The handshake stage. An accepted connection waits, without a thread, for
  * its first bytes (at most HANDSHAKE_MS from its accept) and for a handshake
  * thread; at most HANDSHAKE_MAX threads run, each bounded by HANDSHAKE_MS
- * from its start. Past HANDSHAKE_PENDING waiting connections a new one is
- * answered LLM_LINK_BUSY.
+ * from its start. Past HANDSHAKE_PENDING waiting connections a new one waits
+ * for its HELLO only to be answered LLM_LINK_BUSY; past HANDSHAKE_REFUSING
+ * more it is closed at once.
  */
 #define HANDSHAKE_MS 2000
 #define HANDSHAKE_MAX 128
 #define HANDSHAKE_PENDING 4096
+#define HANDSHAKE_REFUSING 256
 #define CTRL_MSG_MAX LLMDD_CTRL_MSG_MAX
 
 /* An accepted connection that waits for its first bytes or a thread. */
@@ -31,6 +33,7 @@ typedef struct {
     int fd;
     int64_t since; /* accepted, CLOCK_MONOTONIC ms */
     bool ready;    /* bytes arrived: it waits for a thread only */
+    bool busy;     /* past HANDSHAKE_PENDING: to be answered LLM_LINK_BUSY */
 } llmdd__ctrl_pending;
 
 struct llmdd__ctrl {
