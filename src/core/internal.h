@@ -171,9 +171,14 @@ typedef struct llmdd__plane_ops {
     void (*wake)(llmdd *dd);
 } llmdd__plane_ops;
 
-/* Outgoing link attempts in progress (ctrl); nodes live on the stack. */
+/*
+ * Link and unlink calls in progress (ctrl), one node per cluster: a second
+ * call for a cluster that has one is LLM_PROCESSING_LINK (linking.c). Nodes
+ * live on the stack.
+ */
 typedef struct llmdd__linking {
     uint64_t cluster_id;
+    bool unlink; /* an unlink call's; link_admit looks at link calls only */
     struct llmdd__linking *next;
 } llmdd__linking;
 
@@ -232,7 +237,7 @@ struct llmdd {
     bool notify_busy;       /* such a round is running */
 
     llmdd__link *links;
-    llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
+    llmdd__linking *linking; /* our link and unlink calls in flight */
     llmdd__ctrl *ctrl;       /* the plane's; NULL when down; opaque here */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
