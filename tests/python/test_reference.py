@@ -1,6 +1,7 @@
 """llm_datadist (the reference's API) against a real prompt process."""
 
 import ctypes
+import sys
 import threading
 import time
 
@@ -269,3 +270,60 @@ def test_unlink_by_cluster_id(ref_peer):
         assert dd.unlink_clusters([by_id], 3000)[0] == LLMStatusCode.LLM_SUCCESS
     finally:
         dd.finalize()
+
+
+def _link_retrying(dd, ci, timeout=3000, deadline_s=20):
+    """A serving framework's link loop: retries LLM_LINK_BUSY,
+    LLM_PROCESSING_LINK and LLM_TIMEOUT with back-off; the last rets[0]."""
+    retry = (LLMStatusCode.LLM_LINK_BUSY, LLMStatusCode.LLM_PROCESSING_LINK,
+             LLMStatusCode.LLM_TIMEOUT)
+    end = time.monotonic() + deadline_s
+    pause = 0.005
+    while True:
+        _, rets = dd.link_clusters([ci], timeout=timeout)
+        if rets[0] not in retry or time.monotonic() > end:
+            return rets[0]
+        time.sleep(pause)          # the loop's back-off, not a wait
+        pause = min(pause * 2, 0.1)
+
+
+def test_finalize_then_init_again(ref_peer):
+    """An engine's sleep and wake-up: finalize() and init() again on the
+    same LLMDataDist object, then link again and pull, every byte."""
+    cfg = LLMConfig()
+    cfg.sync_kv_timeout = 5000
+    cfg.enable_cache_manager = True
+    opts = cfg.generate_options()
+    dd = LLMDataDist(LLMRole.DECODER, 3)
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_local_ip_info("127.0.0.1", 0)
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    for life in range(3):
+        dd.init(opts)
+        t0 = time.monotonic()
+        assert _link_retrying(dd, ci) == LLMStatusCode.LLM_SUCCESS, life
+        print(f"life {life}: linked in {time.monotonic() - t0:.3f} s", file=sys.stderr)
+        cm = dd.cache_manager
+        ts = [torch.zeros(16, 32, dtype=torch.float16) for _ in range(4)]
+        blocks = cm.register_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16),
+                                          [t.data_ptr() for t in ts])
+        cm.pull_blocks(BlocksCacheKey(1), blocks, [life, 15], [2, 0])
+        for t in range(4):
+            src = pattern(20 + t, (16, 32), np.float16)
+            assert (ts[t][2].numpy() == src[life]).all(), (life, t)
+            assert (ts[t][0].numpy() == src[15]).all(), (life, t)
+            assert not ts[t][1].numpy().any() and not ts[t][3:].numpy().any()
+        kv = dd.kv_cache_manager
+        assert kv.is_initialized()
+        if life == 1:
+            # Asleep without unlinking first: finalize ends the link too.
+            dd.finalize()
+        else:
+            st, rets = dd.unlink_clusters([ci], timeout=3000)
+            assert st == LLMStatusCode.LLM_SUCCESS and rets == [LLMStatusCode.LLM_SUCCESS]
+            dd.finalize()
+        assert not kv.is_initialized()
+        with pytest.raises(LLMException) as e:
+            dd.link_clusters([ci])
+        assert e.value.status_code == LLMStatusCode.LLM_FAILED
