@@ -327,3 +327,81 @@ def test_finalize_then_init_again(ref_peer):
         with pytest.raises(LLMException) as e:
             dd.link_clusters([ci])
         assert e.value.status_code == LLMStatusCode.LLM_FAILED
+
+
+def _stop_all_threads(pid):
+    """SIGSTOPs pid and returns once every thread of it is stopped."""
+    import os
+    import signal
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s in "Tt" for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the peer did not stop")
+
+
+def test_concurrent_link_calls_retry(ref_peer):
+    """Two threads link the same cluster at once, each in a framework's
+    retry loop: while one call runs (the peer stopped), the other and an
+    unlink are LLM_PROCESSING_LINK; the retry loop then finds the link made
+    (LLM_ALREADY_LINK), and the one link pulls every byte."""
+    import os
+    import signal
+    cfg = LLMConfig()
+    cfg.sync_kv_timeout = 5000
+    cfg.enable_cache_manager = True
+    dd = LLMDataDist(LLMRole.DECODER, 4)
+    dd.init(cfg.generate_options())
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_local_ip_info("127.0.0.1", 0)
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    start = threading.Barrier(2)
+    cond = threading.Condition()
+    first, last = [None, None], [None, None]
+
+    def linker(i):
+        start.wait()
+        _, rets = dd.link_clusters([ci], timeout=10000)
+        with cond:
+            first[i] = rets[0]
+            cond.notify_all()
+        last[i] = rets[0] if rets[0] == LLMStatusCode.LLM_SUCCESS else _link_retrying(dd, ci)
+
+    _stop_all_threads(ref_peer.proc.pid)
+    try:
+        ts = [threading.Thread(target=linker, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        with cond:
+            cond.wait_for(lambda: first[0] is not None or first[1] is not None, timeout=5)
+            done = [f is not None for f in first]
+        _, unlinked = dd.unlink_clusters([ci], timeout=1000)
+    finally:
+        os.kill(ref_peer.proc.pid, signal.SIGCONT)
+    for t in ts:
+        t.join()
+    try:
+        assert done.count(True) == 1, first
+        w = done.index(True)             # the call that returned at once
+        assert first[w] == LLMStatusCode.LLM_PROCESSING_LINK
+        assert unlinked == [LLMStatusCode.LLM_PROCESSING_LINK]
+        assert first[1 - w] == last[1 - w] == LLMStatusCode.LLM_SUCCESS
+        assert last[w] == LLMStatusCode.LLM_ALREADY_LINK
+        cm = dd.cache_manager
+        bts = [torch.zeros(16, 32, dtype=torch.float16) for _ in range(4)]
+        blocks = cm.register_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16),
+                                          [t.data_ptr() for t in bts])
+        cm.pull_blocks(BlocksCacheKey(1), blocks, list(range(16)), list(range(16)))
+        for t in range(4):
+            assert (bts[t].numpy() == pattern(20 + t, (16, 32), np.float16)).all()
+        st, rets = dd.unlink_clusters([ci], timeout=3000)
+        assert rets == [LLMStatusCode.LLM_SUCCESS]
+    finally:
+        dd.finalize()
