@@ -361,6 +361,11 @@ llmdd_status llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
                                    llmdd_request **req_out);
 /* Posted requests on a link that went down end with LLM_NOT_YET_LINK. */
 void llmdd__requests_link_down(llmdd *dd, const llmdd__link *link);
+/* After llmdd__requests_link_down: waits until every request with a leg on
+ * the link is done (its running jobs returned), or the deadline; true when
+ * they are. No lock of dd held. */
+bool llmdd__requests_link_wait(llmdd *dd, const llmdd__link *link,
+                               int64_t deadline_ms);
 /* Posted requests on a cache being removed end with LLM_KV_CACHE_NOT_EXIST;
  * no lock of dd held. */
 void llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache);

@@ -214,15 +214,21 @@ unlink_link(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         }
     }
     llmdd__link_drop(link, force ? "force unlink" : "unlinked");
-    /* The peer stopped touching our memory (its ACK); our side stops too:
-     * nothing of ours serves it or moves bytes for the link any more. */
-    if (st == LLM_SUCCESS && !force &&
-        !llmdd__link_quiesce(link, true, deadline)) {
+    /* The peer stopped touching our memory (its ACK; forced, it is cut
+     * off); our side stops too, forced or not: nothing of ours serves it
+     * or moves bytes for the link any more. */
+    if (st == LLM_SUCCESS && !llmdd__link_quiesce(link, true, deadline)) {
         log_error("unlink cluster %llu: our transfers on the link did not "
                   "end in time",
                   (unsigned long long)ci->remote_cluster_id);
         st = LLM_UNLINK_FAILED;
     }
+    /* And the requests on it are done (link_drop ended them; a job that
+     * left the link finishes its request just after): a wait returns their
+     * status at once. Not a failure of the unlink when a request's leg on
+     * another link (a slice request's) is still running at the deadline. */
+    if (st == LLM_SUCCESS)
+        (void)llmdd__requests_link_wait(dd, link, deadline);
     llmdd__link_put(link);
     return st;
 }

@@ -5,7 +5,10 @@
  *   retryable statuses (LLM_LINK_BUSY, LLM_PROCESSING_LINK, LLM_TIMEOUT):
  *   while one call runs, the other is LLM_PROCESSING_LINK at once, and so is
  *   an unlink of that cluster; the retry loop then ends with the link made
- *   (LLM_ALREADY_LINK: the other thread's call made it), and one link works.
+ *   (LLM_ALREADY_LINK: the other thread's call made it), and one link works;
+ * - a forced unlink while posted pulls from the peer are in flight, over tcp
+ *   and shm: when it returns, every one of them has ended, and not a byte
+ *   lands in the destination after that.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -140,12 +143,97 @@ test_concurrent_link_calls(void **state)
     llmdd_destroy(dd);
 }
 
+#define FORCE_ROUNDS 6
+#define FORCE_PULLS 8
+#define FORCE_MIB 8 /* per tensor, 2 tensors, 4 slots: 4 MiB a pull */
+
+static void
+force_unlink_rounds(const char *transport, int *ended_early)
+{
+    const char *args[] = {"--role", "prompt", "--transport", transport, NULL};
+    llmdd_option o = {"llm.Transport", transport};
+    llmdd_cache_desc d = {.num_tensors = 2,
+                          .data_type = LLMDD_DT_UINT8,
+                          .num_dims = 2,
+                          .shape = {4, (int64_t)FORCE_MIB << 18}};
+    llmdd_request *reqs[FORCE_PULLS];
+    char cmd[64], reply[128];
+    llmdd_cache kv;
+
+    th_proc *p = mp_peer_start(PROMPT, args);
+    snprintf(cmd, sizeof(cmd), "alloc-big %d 2 7", FORCE_MIB);
+    assert_int_equal(th_proc_cmd(p, cmd, reply, sizeof(reply)), 0);
+    int64_t src = atoll(reply + 3);
+    llmdd *dd = mp_decoder(MP_SELF, &o, 1);
+    assert_int_equal(llmdd_allocate_cache(dd, &d, &kv), LLM_SUCCESS);
+    uint64_t size = th_tensor_size(&d);
+
+    for (int r = 0; r < FORCE_ROUNDS; r++) {
+        assert_int_equal(th_link_retry(dd, PROMPT, MP_IP, p->port, 3000),
+                         LLM_SUCCESS);
+        for (int i = 0; i < FORCE_PULLS; i++) {
+            llmdd_cache_index from = {.cluster_id = PROMPT,
+                                      .cache_id = src,
+                                      .batch_index = (uint32_t)i % 4};
+            assert_int_equal(llmdd_pull_kv_cache_async(dd, &from, &kv,
+                                                       (uint32_t)i % 4, -1,
+                                                       NULL, NULL, &reqs[i]),
+                             LLM_SUCCESS);
+        }
+        assert_int_equal(th_unlink(dd, PROMPT, MP_IP, p->port, true, 3000),
+                         LLM_SUCCESS);
+        /* Ended, every one, when the unlink returned. */
+        for (int i = 0; i < FORCE_PULLS; i++) {
+            llmdd_status st = llmdd_request_wait(reqs[i], 0);
+            if (st == LLM_WAIT_PROC_TIMEOUT)
+                fail_msg("%s round %d: pull %d still in flight after the "
+                         "forced unlink returned",
+                         transport, r, i);
+            *ended_early += st != LLM_SUCCESS;
+        }
+        for (uint32_t t = 0; t < 2; t++)
+            memset((void *)(uintptr_t)kv.tensor_addrs[t], 0xA5, size);
+        th_sleep_ms(200); /* anything late would land meanwhile */
+        for (uint32_t t = 0; t < 2; t++) {
+            const uint8_t *m = (const uint8_t *)(uintptr_t)kv.tensor_addrs[t];
+            for (uint64_t i = 0; i < size; i++)
+                if (m[i] != 0xA5)
+                    fail_msg("%s round %d: byte %llu of tensor %u written "
+                             "after the forced unlink",
+                             transport, r, (unsigned long long)i, t);
+        }
+        for (int i = 0; i < FORCE_PULLS; i++)
+            llmdd_request_free(reqs[i]);
+    }
+    /* The peer is fine and links again: the bytes of a pull are right. */
+    assert_int_equal(th_link_retry(dd, PROMPT, MP_IP, p->port, 3000),
+                     LLM_SUCCESS);
+    assert_int_equal(mp_pull_check(dd, PROMPT, p->ids.kv, 1), LLM_SUCCESS);
+    llmdd_destroy(dd);
+    assert_int_equal(th_proc_stop(p), 0);
+}
+
+static void
+test_force_unlink_ends_transfers(void **state)
+{
+    (void)state;
+    int ended_early = 0;
+    force_unlink_rounds("tcp", &ended_early);
+    mp_reap_all();
+    force_unlink_rounds("shm", &ended_early);
+    fprintf(stderr, "force unlink: %d of %d pulls ended by it\n", ended_early,
+            2 * FORCE_ROUNDS * FORCE_PULLS);
+    /* Some pulls were in flight when unlink was called: it ended them. */
+    assert_true(ended_early > 0);
+}
+
 int
 main(int argc, char **argv)
 {
     th_test_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_concurrent_link_calls, teardown),
+        cmocka_unit_test_teardown(test_force_unlink_ends_transfers, teardown),
     };
     return cmocka_run_group_tests_name("multiproc.lifecycle", tests, NULL,
                                        NULL);
