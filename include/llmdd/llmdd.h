@@ -205,7 +205,12 @@ LLMDD_API void llmdd_finalize(llmdd *dd); /* idempotent */
 LLMDD_API llmdd_status llmdd_set_role(llmdd *dd, llmdd_role role,
                             const llmdd_option *options, size_t num_options);
 
-/* rets: caller array of num_clusters entries, one status per cluster. */
+/*
+ * rets: caller array of num_clusters entries, one status per cluster. A
+ * cluster that another link or unlink call of this instance is running for
+ * gets LLM_PROCESSING_LINK at once; with LLM_LINK_BUSY and LLM_TIMEOUT it
+ * is a status to retry (docs/model.md).
+ */
 LLMDD_API llmdd_status llmdd_link_clusters(llmdd *dd, const llmdd_cluster_info *clusters,
                                  size_t num_clusters, llmdd_status *rets,
                                  int32_t timeout_ms);

@@ -173,9 +173,14 @@ typedef struct llmdd__plane_ops {
     void (*wake)(llmdd *dd);
 } llmdd__plane_ops;
 
-/* Outgoing link attempts in progress (ctrl); nodes live on the stack. */
+/*
+ * Link and unlink calls in progress (ctrl), one node per cluster: a second
+ * call for a cluster that has one is LLM_PROCESSING_LINK (linking.c). Nodes
+ * live on the stack.
+ */
 typedef struct llmdd__linking {
     uint64_t cluster_id;
+    bool unlink; /* an unlink call's; link_admit looks at link calls only */
     struct llmdd__linking *next;
 } llmdd__linking;
 
@@ -234,7 +239,7 @@ struct llmdd {
     bool notify_busy;       /* such a round is running */
 
     llmdd__link *links;
-    llmdd__linking *linking; /* our llmdd_link_clusters calls in flight */
+    llmdd__linking *linking; /* our link and unlink calls in flight */
     llmdd__ctrl *ctrl;       /* the plane's; NULL when down; opaque here */
     int stop_fd;             /* eventfd, readable once finalize has begun */
     int nthreads;            /* helper threads alive */
@@ -358,6 +363,11 @@ llmdd_status llmdd__request_submit(llmdd *dd, const llmdd__request_plan *p,
                                    llmdd_request **req_out);
 /* Posted requests on a link that went down end with LLM_NOT_YET_LINK. */
 void llmdd__requests_link_down(llmdd *dd, const llmdd__link *link);
+/* After llmdd__requests_link_down: waits until every request with a leg on
+ * the link is done (its running jobs returned), or the deadline; true when
+ * they are. No lock of dd held. */
+bool llmdd__requests_link_wait(llmdd *dd, const llmdd__link *link,
+                               int64_t deadline_ms);
 /* Posted requests on a cache being removed end with LLM_KV_CACHE_NOT_EXIST;
  * no lock of dd held. */
 void llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache);

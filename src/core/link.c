@@ -260,7 +260,7 @@ static bool
 linking_to(const llmdd *dd, uint64_t cluster)
 {
     for (const llmdd__linking *l = dd->linking; l != NULL; l = l->next)
-        if (l->cluster_id == cluster)
+        if (l->cluster_id == cluster && !l->unlink)
             return true;
     return false;
 }

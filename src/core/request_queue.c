@@ -429,6 +429,29 @@ llmdd__requests_link_down(llmdd *dd, const llmdd__link *link)
     end_matching(dd, link, NULL);
 }
 
+bool
+llmdd__requests_link_wait(llmdd *dd, const llmdd__link *link,
+                          int64_t deadline_ms)
+{
+    pthread_mutex_lock(&dd->lock);
+    struct llmdd__reqs *r = dd->reqs;
+    pthread_mutex_unlock(&dd->lock);
+    if (r == NULL)
+        return true;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        const llmdd_request *q = r->all;
+        while (q != NULL && (q->state == RQ_DONE || !has_link(q, link)))
+            q = q->next;
+        if (q == NULL || llmdd__now_ms() >= deadline_ms) {
+            pthread_mutex_unlock(&r->lock);
+            return q == NULL;
+        }
+        /* r->cond: a request is done. */
+        llmdd__cond_wait_until(&r->cond, &r->lock, deadline_ms);
+    }
+}
+
 void
 llmdd__requests_cache_removed(llmdd *dd, const llmdd__cache *cache)
 {

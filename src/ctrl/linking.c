@@ -30,6 +30,43 @@ link_find(llmdd *dd, uint64_t cluster, int64_t window_ms, bool *crossing)
 }
 
 /*
+ * dd->lock held. Records a link or unlink call for me->cluster_id, or
+ * returns false when another call of ours for that cluster is in flight:
+ * one call at a time per cluster, the others LLM_PROCESSING_LINK, which a
+ * caller retries (docs/model.md, concurrent calls).
+ */
+static bool
+call_begin(llmdd *dd, llmdd__linking *me)
+{
+    for (const llmdd__linking *l = dd->linking; l != NULL; l = l->next)
+        if (l->cluster_id == me->cluster_id)
+            return false;
+    me->next = dd->linking;
+    dd->linking = me;
+    return true;
+}
+
+/* dd->lock held. */
+static void
+call_end(llmdd *dd, llmdd__linking *me)
+{
+    for (llmdd__linking **p = &dd->linking; *p != NULL; p = &(*p)->next) {
+        if (*p == me) {
+            *p = me->next;
+            break;
+        }
+    }
+}
+
+static void
+log_processing(const char *what, uint64_t cluster)
+{
+    log_info("%s cluster %llu: another call of this instance for it is "
+             "running (LLM_PROCESSING_LINK)",
+             what, (unsigned long long)cluster);
+}
+
+/*
  * Runs one llmdd_link_clusters job. Two instances may link to each other at
  * the same moment; both calls then return LLM_SUCCESS and keep one link
  * (docs/model.md, crossed links):
@@ -42,7 +79,9 @@ link_find(llmdd *dd, uint64_t cluster, int64_t window_ms, bool *crossing)
  *    timeout and that no call of ours has returned yet, adopts that link:
  *    the peer's call was faster, and both asked for the same link.
  *  - Any other link to that cluster makes the call LLM_ALREADY_LINK.
- * The call is recorded in dd->linking while it runs, for link_admit.
+ * The call is recorded in dd->linking while it runs, for link_admit; a
+ * link or unlink call of ours for the cluster already there makes it
+ * LLM_PROCESSING_LINK.
  */
 static llmdd_status
 link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
@@ -54,16 +93,22 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
     bool crossing;
 
     pthread_mutex_lock(&dd->lock);
-    llmdd__link *l = link_find(dd, cluster, timeout_ms, &crossing);
-    if (crossing)
-        l->claimed = true;
-    else if (l != NULL)
-        st = LLM_ALREADY_LINK;
-    else {
-        me.next = dd->linking;
-        dd->linking = &me;
+    llmdd__link *l = NULL;
+    crossing = false;
+    /* Checked first: a call of ours in flight may be adopting the link
+     * found, or ending it. */
+    if (!call_begin(dd, &me))
+        st = LLM_PROCESSING_LINK;
+    else if ((l = link_find(dd, cluster, timeout_ms, &crossing)) != NULL) {
+        call_end(dd, &me);
+        if (crossing)
+            l->claimed = true;
+        else
+            st = LLM_ALREADY_LINK;
     }
     pthread_mutex_unlock(&dd->lock);
+    if (st == LLM_PROCESSING_LINK)
+        log_processing("link to", cluster);
     if (crossing) {
         log_info("linked with cluster %llu (its crossing link call was "
                  "faster)",
@@ -94,12 +139,7 @@ link_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
     if (st == LLM_SUCCESS)
         st = llmdd__link_handshake(dd, ci, deadline);
     pthread_mutex_lock(&dd->lock);
-    for (llmdd__linking **p = &dd->linking; *p != NULL; p = &(*p)->next) {
-        if (*p == &me) {
-            *p = me.next;
-            break;
-        }
-    }
+    call_end(dd, &me);
     /* The peer had a link with us: the one its crossing call made while
      * ours ran, or an older one (then the answer stands). */
     if (st == LLM_ALREADY_LINK) {
@@ -131,8 +171,8 @@ struct link_job {
 };
 
 static llmdd_status
-unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
-           bool force)
+unlink_link(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
+            bool force)
 {
     llmdd__link *link = llmdd__link_get(dd, ci->remote_cluster_id);
     llmdd_status st = LLM_SUCCESS;
@@ -174,16 +214,47 @@ unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
         }
     }
     llmdd__link_drop(link, force ? "force unlink" : "unlinked");
-    /* The peer stopped touching our memory (its ACK); our side stops too:
-     * nothing of ours serves it or moves bytes for the link any more. */
-    if (st == LLM_SUCCESS && !force &&
-        !llmdd__link_quiesce(link, true, deadline)) {
+    /* The peer stopped touching our memory (its ACK; forced, it is cut
+     * off); our side stops too, forced or not: nothing of ours serves it
+     * or moves bytes for the link any more. */
+    if (st == LLM_SUCCESS && !llmdd__link_quiesce(link, true, deadline)) {
         log_error("unlink cluster %llu: our transfers on the link did not "
                   "end in time",
                   (unsigned long long)ci->remote_cluster_id);
         st = LLM_UNLINK_FAILED;
     }
+    /* And the requests on it are done (link_drop ended them; a job that
+     * left the link finishes its request just after): a wait returns their
+     * status at once. Not a failure of the unlink when a request's leg on
+     * another link (a slice request's) is still running at the deadline. */
+    if (st == LLM_SUCCESS)
+        (void)llmdd__requests_link_wait(dd, link, deadline);
     llmdd__link_put(link);
+    return st;
+}
+
+/*
+ * Runs one llmdd_unlink_clusters job, recorded in dd->linking while it
+ * runs: a second call for the cluster, link or unlink, is then
+ * LLM_PROCESSING_LINK, as this one is while a link call for it runs.
+ */
+static llmdd_status
+unlink_one(llmdd *dd, const llmdd_cluster_info *ci, int64_t deadline,
+           bool force)
+{
+    llmdd__linking me = {.cluster_id = ci->remote_cluster_id, .unlink = true};
+
+    pthread_mutex_lock(&dd->lock);
+    bool mine = call_begin(dd, &me);
+    pthread_mutex_unlock(&dd->lock);
+    if (!mine) {
+        log_processing("unlink", ci->remote_cluster_id);
+        return LLM_PROCESSING_LINK;
+    }
+    llmdd_status st = unlink_link(dd, ci, deadline, force);
+    pthread_mutex_lock(&dd->lock);
+    call_end(dd, &me);
+    pthread_mutex_unlock(&dd->lock);
     return st;
 }
 

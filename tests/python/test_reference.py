@@ -1,6 +1,7 @@
 """llm_datadist (the reference's API) against a real prompt process."""
 
 import ctypes
+import sys
 import threading
 import time
 
@@ -267,5 +268,140 @@ def test_unlink_by_cluster_id(ref_peer):
         dd.cache_manager.pull_cache(CacheKeyByIdAndIndex(1, ref_peer.ids["keyed"], 0), cache)
         assert (arrs[1][0] == pattern(31, (4, 64), np.int32)[0]).all()
         assert dd.unlink_clusters([by_id], 3000)[0] == LLMStatusCode.LLM_SUCCESS
+    finally:
+        dd.finalize()
+
+
+def _link_retrying(dd, ci, timeout=3000, deadline_s=20):
+    """A serving framework's link loop: retries LLM_LINK_BUSY,
+    LLM_PROCESSING_LINK and LLM_TIMEOUT with back-off; the last rets[0]."""
+    retry = (LLMStatusCode.LLM_LINK_BUSY, LLMStatusCode.LLM_PROCESSING_LINK,
+             LLMStatusCode.LLM_TIMEOUT)
+    end = time.monotonic() + deadline_s
+    pause = 0.005
+    while True:
+        _, rets = dd.link_clusters([ci], timeout=timeout)
+        if rets[0] not in retry or time.monotonic() > end:
+            return rets[0]
+        time.sleep(pause)          # the loop's back-off, not a wait
+        pause = min(pause * 2, 0.1)
+
+
+def test_finalize_then_init_again(ref_peer):
+    """An engine's sleep and wake-up: finalize() and init() again on the
+    same LLMDataDist object, then link again and pull, every byte."""
+    cfg = LLMConfig()
+    cfg.sync_kv_timeout = 5000
+    cfg.enable_cache_manager = True
+    opts = cfg.generate_options()
+    dd = LLMDataDist(LLMRole.DECODER, 3)
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_local_ip_info("127.0.0.1", 0)
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    for life in range(3):
+        dd.init(opts)
+        t0 = time.monotonic()
+        assert _link_retrying(dd, ci) == LLMStatusCode.LLM_SUCCESS, life
+        print(f"life {life}: linked in {time.monotonic() - t0:.3f} s", file=sys.stderr)
+        cm = dd.cache_manager
+        ts = [torch.zeros(16, 32, dtype=torch.float16) for _ in range(4)]
+        blocks = cm.register_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16),
+                                          [t.data_ptr() for t in ts])
+        cm.pull_blocks(BlocksCacheKey(1), blocks, [life, 15], [2, 0])
+        for t in range(4):
+            src = pattern(20 + t, (16, 32), np.float16)
+            assert (ts[t][2].numpy() == src[life]).all(), (life, t)
+            assert (ts[t][0].numpy() == src[15]).all(), (life, t)
+            assert not ts[t][1].numpy().any() and not ts[t][3:].numpy().any()
+        kv = dd.kv_cache_manager
+        assert kv.is_initialized()
+        if life == 1:
+            # Asleep without unlinking first: finalize ends the link too.
+            dd.finalize()
+        else:
+            st, rets = dd.unlink_clusters([ci], timeout=3000)
+            assert st == LLMStatusCode.LLM_SUCCESS and rets == [LLMStatusCode.LLM_SUCCESS]
+            dd.finalize()
+        assert not kv.is_initialized()
+        with pytest.raises(LLMException) as e:
+            dd.link_clusters([ci])
+        assert e.value.status_code == LLMStatusCode.LLM_FAILED
+
+
+def _stop_all_threads(pid):
+    """SIGSTOPs pid and returns once every thread of it is stopped."""
+    import os
+    import signal
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s in "Tt" for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the peer did not stop")
+
+
+def test_concurrent_link_calls_retry(ref_peer):
+    """Two threads link the same cluster at once, each in a framework's
+    retry loop: while one call runs (the peer stopped), the other and an
+    unlink are LLM_PROCESSING_LINK; the retry loop then finds the link made
+    (LLM_ALREADY_LINK), and the one link pulls every byte."""
+    import os
+    import signal
+    cfg = LLMConfig()
+    cfg.sync_kv_timeout = 5000
+    cfg.enable_cache_manager = True
+    dd = LLMDataDist(LLMRole.DECODER, 4)
+    dd.init(cfg.generate_options())
+    ci = LLMClusterInfo()
+    ci.remote_cluster_id = 1
+    ci.append_local_ip_info("127.0.0.1", 0)
+    ci.append_remote_ip_info("127.0.0.1", ref_peer.port)
+    start = threading.Barrier(2)
+    cond = threading.Condition()
+    first, last = [None, None], [None, None]
+
+    def linker(i):
+        start.wait()
+        _, rets = dd.link_clusters([ci], timeout=10000)
+        with cond:
+            first[i] = rets[0]
+            cond.notify_all()
+        last[i] = rets[0] if rets[0] == LLMStatusCode.LLM_SUCCESS else _link_retrying(dd, ci)
+
+    _stop_all_threads(ref_peer.proc.pid)
+    try:
+        ts = [threading.Thread(target=linker, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        with cond:
+            cond.wait_for(lambda: first[0] is not None or first[1] is not None, timeout=5)
+            done = [f is not None for f in first]
+        _, unlinked = dd.unlink_clusters([ci], timeout=1000)
+    finally:
+        os.kill(ref_peer.proc.pid, signal.SIGCONT)
+    for t in ts:
+        t.join()
+    try:
+        assert done.count(True) == 1, first
+        w = done.index(True)             # the call that returned at once
+        assert first[w] == LLMStatusCode.LLM_PROCESSING_LINK
+        assert unlinked == [LLMStatusCode.LLM_PROCESSING_LINK]
+        assert first[1 - w] == last[1 - w] == LLMStatusCode.LLM_SUCCESS
+        assert last[w] == LLMStatusCode.LLM_ALREADY_LINK
+        cm = dd.cache_manager
+        bts = [torch.zeros(16, 32, dtype=torch.float16) for _ in range(4)]
+        blocks = cm.register_blocks_cache(CacheDesc(4, [16, 32], DataType.DT_FLOAT16),
+                                          [t.data_ptr() for t in bts])
+        cm.pull_blocks(BlocksCacheKey(1), blocks, list(range(16)), list(range(16)))
+        for t in range(4):
+            assert (bts[t].numpy() == pattern(20 + t, (16, 32), np.float16)).all()
+        st, rets = dd.unlink_clusters([ci], timeout=3000)
+        assert rets == [LLMStatusCode.LLM_SUCCESS]
     finally:
         dd.finalize()
