@@ -243,9 +243,9 @@ layout_set(llmdd__cache *c, const llmdd_kv_layout *layout)
 /* The desc, the batch dimension and the layout of a new cache (the layout
  * calls pass batch dimension 0). */
 static llmdd_status
-cache_check(const char *what, const llmdd_cache_desc *desc,
-            uint32_t batch_dim, const llmdd_kv_layout *layout,
-            uint64_t *tensor_size, llmdd__slot_geom *slot)
+cache_check(const char *what, const llmdd_cache_desc *desc, uint32_t batch_dim,
+            const llmdd_kv_layout *layout, uint64_t *tensor_size,
+            llmdd__slot_geom *slot)
 {
     uint64_t stride;
 
@@ -341,8 +341,8 @@ register_cache(llmdd *dd, const llmdd_cache_desc *desc, uint32_t batch_dim,
         goto out;
     st = LLM_PARAM_INVALID;
     if (cache_id_out == NULL || addrs == NULL || num_addrs == 0 ||
-        cache_check("register_kv_cache", desc, batch_dim, layout,
-                    &tensor_size, &slot) != LLM_SUCCESS ||
+        cache_check("register_kv_cache", desc, batch_dim, layout, &tensor_size,
+                    &slot) != LLM_SUCCESS ||
         num_addrs != desc->num_tensors)
         goto out;
     for (size_t i = 0; i < num_addrs; i++) {

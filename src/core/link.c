@@ -389,8 +389,7 @@ llmdd__link_remote(llmdd__link *link, int64_t id, int64_t deadline_ms,
      * the one check of it, for every transport. */
     if (llmdd__desc_check(&rc->desc, &rc->tensor_size, &rc->stride) !=
             LLM_SUCCESS ||
-        llmdd__slot_geom_make(&rc->desc, batch_dim, &rc->slot) !=
-            LLM_SUCCESS) {
+        llmdd__slot_geom_make(&rc->desc, batch_dim, &rc->slot) != LLM_SUCCESS) {
         log_error("cluster %llu sent a bad description of cache %lld",
                   (unsigned long long)link->peer.cluster_id, (long long)id);
         if (link->ops->remote_free != NULL)

@@ -60,8 +60,7 @@ copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
 /* The 2-D runs of a slot copy (a batch dimension other than 0): one batch
  * of the copy engine, as copy_runs. */
 static void
-copy_runs2(const llmdd__cache *s, const llmdd__cache *d,
-           const llmdd__plan2 *p)
+copy_runs2(const llmdd__cache *s, const llmdd__cache *d, const llmdd__plan2 *p)
 {
     llmdd__copy_batch b;
 
@@ -93,13 +92,12 @@ copy_slot(const llmdd__cache *s, const llmdd__cache *d, uint32_t sb,
     uint64_t len = size > 0 ? (uint64_t)size : s->stride - offset;
     if (llmdd__slot_range_check(&s->slot, offset, len) != LLM_SUCCESS ||
         llmdd__slot_range_check(&d->slot, offset, len) != LLM_SUCCESS) {
-        log_error("copy_kv_cache: %llu bytes at %llu do not fit the slots "
-                  "(%llu bytes in rows of %llu, %llu bytes in rows of %llu)",
-                  (unsigned long long)len, (unsigned long long)offset,
-                  (unsigned long long)s->stride,
-                  (unsigned long long)s->slot.row,
-                  (unsigned long long)d->stride,
-                  (unsigned long long)d->slot.row);
+        log_error(
+            "copy_kv_cache: %llu bytes at %llu do not fit the slots "
+            "(%llu bytes in rows of %llu, %llu bytes in rows of %llu)",
+            (unsigned long long)len, (unsigned long long)offset,
+            (unsigned long long)s->stride, (unsigned long long)s->slot.row,
+            (unsigned long long)d->stride, (unsigned long long)d->slot.row);
         return LLM_PARAM_INVALID;
     }
     llmdd__plan2 p = {0};

@@ -429,8 +429,8 @@ llmdd__plan_slot(llmdd__plan2 *p, const llmdd__slot_geom *sg, uint64_t ss,
             e = (x / sr + 1) * sr - off;
         if (dr != 0 && (x / dr + 1) * dr - off < e)
             e = (x / dr + 1) * dr - off;
-        if (plan_push(p, slot_pos(sg, ss, x), slot_pos(dg, ds, x), e - y,
-                      count, sst, dst) != 0)
+        if (plan_push(p, slot_pos(sg, ss, x), slot_pos(dg, ds, x), e - y, count,
+                      sst, dst) != 0)
             return -1;
         y = e;
     }

@@ -123,9 +123,8 @@ check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
                       (unsigned long long)c->slot.slots);
             return LLM_PARAM_INVALID;
         }
-        if (a->size > 0 &&
-            llmdd__slot_range_check(&c->slot, 0, (uint64_t)a->size) !=
-                LLM_SUCCESS) {
+        if (a->size > 0 && llmdd__slot_range_check(
+                               &c->slot, 0, (uint64_t)a->size) != LLM_SUCCESS) {
             log_error("%s: size %lld does not fit local cache %lld's slot "
                       "(%llu bytes, rows of %llu)",
                       what, (long long)a->size, (long long)c->id,

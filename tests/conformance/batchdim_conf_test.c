@@ -112,8 +112,7 @@ side_make(side *s, llmdd *owner, const llmdd_cache_desc *d, uint32_t bd)
     s->d = *d;
     s->bd = bd;
     s->size = tensor_bytes(d);
-    assert_int_equal(llmdd_allocate_cache_ex(owner, d, bd, &s->c),
-                     LLM_SUCCESS);
+    assert_int_equal(llmdd_allocate_cache_ex(owner, d, bd, &s->c), LLM_SUCCESS);
 }
 
 static void
@@ -167,9 +166,8 @@ check_and_free(const side *dst, uint8_t **ref)
  * (-1: the local slot), every tensor; the peer's cache is the remote one.
  */
 static void
-move_case(const llmdd_cache_desc *ld, uint32_t lbd,
-          const llmdd_cache_desc *rd, uint32_t rbd, bool push, uint32_t lb,
-          uint32_t rb, int64_t size)
+move_case(const llmdd_cache_desc *ld, uint32_t lbd, const llmdd_cache_desc *rd,
+          uint32_t rbd, bool push, uint32_t lb, uint32_t rb, int64_t size)
 {
     side l, r;
     uint8_t *ref[8];
@@ -178,8 +176,8 @@ move_case(const llmdd_cache_desc *ld, uint32_t lbd,
     const side *src = push ? &l : &r, *dst = push ? &r : &l;
     uint64_t sb = push ? lb : rb, db = push ? rb : lb;
     prime(src, dst, ref);
-    uint64_t len = size > 0 ? (uint64_t)size : tensor_bytes(ld) /
-                                                   (uint64_t)ld->shape[lbd];
+    uint64_t len =
+        size > 0 ? (uint64_t)size : tensor_bytes(ld) / (uint64_t)ld->shape[lbd];
     for (uint32_t t = 0; t < dst->d.num_tensors; t++)
         reference(src, t, sb, dst, ref[t], db, 0, len);
     llmdd_cache_index ri = {PEER, r.c.cache_id, rb};

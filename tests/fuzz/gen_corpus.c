@@ -161,8 +161,7 @@ gen_wire_and_stream(void)
     wire("desc", 7, p, n);
     n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, p, sizeof(p));
     wire("desc_batch_dim", 7, p, n);
-    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, NULL, 0, p,
-                                sizeof(p));
+    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, NULL, 0, p, sizeof(p));
     wire("desc_missing", 7, p, n);
     n = llmdd__wire_confirm_encode(&c, p, sizeof(p));
     wire("name", 12, p, 1 + p[0]); /* the confirm's transport name */

@@ -376,14 +376,12 @@ slot_case(uint64_t srows, uint64_t drows, uint64_t S, uint64_t sslots,
         uint64_t db = (sb * 3 + 1) % dslots;
         for (uint64_t off = 0; off < S; off++) {
             for (uint64_t len = 1; off + len <= S; len++) {
-                bool ok = llmdd__slot_range_check(&sg, off, len) ==
-                              LLM_SUCCESS &&
-                          llmdd__slot_range_check(&dg, off, len) ==
-                              LLM_SUCCESS;
-                bool whole = (!sbd || (off % sg.row == 0 &&
-                                       len % sg.row == 0)) &&
-                             (!dbd || (off % dg.row == 0 &&
-                                       len % dg.row == 0));
+                bool ok =
+                    llmdd__slot_range_check(&sg, off, len) == LLM_SUCCESS &&
+                    llmdd__slot_range_check(&dg, off, len) == LLM_SUCCESS;
+                bool whole =
+                    (!sbd || (off % sg.row == 0 && len % sg.row == 0)) &&
+                    (!dbd || (off % dg.row == 0 && len % dg.row == 0));
                 assert_int_equal(ok, whole);
                 if (!ok)
                     continue;

@@ -679,7 +679,8 @@ test_desc(void **state)
     d.shape[1] = INT64_MAX;
     size_t n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, buf, sizeof(buf));
     assert_int_equal(n, 4 + 16 + 3 * 8 + 4);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_int_equal(out.status, LLM_SUCCESS);
     assert_memory_equal(&out.d, &d, sizeof(d));
     assert_int_equal(out.bd, 2);
@@ -693,9 +694,11 @@ test_desc(void **state)
     full.num_dims = LLMDD_MAX_DIMS;
     for (int k = 0; k < LLMDD_MAX_DIMS; k++)
         full.shape[k] = k + 1;
-    n = llmdd__wire_desc_encode(LLM_SUCCESS, &full, LLMDD_MAX_DIMS - 1, buf, sizeof(buf));
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &full, LLMDD_MAX_DIMS - 1, buf,
+                                sizeof(buf));
     assert_int_equal(n, 4 + 16 + LLMDD_MAX_DIMS * 8 + 4);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_memory_equal(&out.d, &full, sizeof(full));
     assert_int_equal(out.bd, LLMDD_MAX_DIMS - 1);
 
@@ -704,46 +707,46 @@ test_desc(void **state)
     memcpy(bad, buf, n);
     put32(bad + n - 4, 3);
     out.bd = 9;
-    assert_int_equal(llmdd__wire_desc_decode(bad, n, &out.status, &out.d,
-                                             &out.bd),
-                     -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
     assert_int_equal(out.bd, 9);
     put32(bad + n - 4, UINT32_MAX);
-    assert_int_equal(llmdd__wire_desc_decode(bad, n, &out.status, &out.d,
-                                             &out.bd),
-                     -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
     put32(bad + n - 4, 1);
-    assert_int_equal(llmdd__wire_desc_decode(bad, n, &out.status, &out.d,
-                                             &out.bd),
-                     0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), 0);
     assert_int_equal(out.bd, 1);
     /* A version 2 reply (no batch dimension) is short. */
-    assert_int_equal(llmdd__wire_desc_decode(bad, n - 4, &out.status,
-                                             &out.d, &out.bd),
-                     -1);
-    assert_int_equal(llmdd__wire_desc_encode(LLM_SUCCESS, &d, 3, buf,
-                                             sizeof(buf)),
-                     0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n - 4, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(
+        llmdd__wire_desc_encode(LLM_SUCCESS, &d, 3, buf, sizeof(buf)), 0);
 
     /* num_dims 0 and 32 (with the bytes for 32 present). */
     n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, buf, sizeof(buf));
     memcpy(bad, buf, n);
     put32(bad + 16, 0);
-    assert_int_equal(llmdd__wire_desc_decode(bad, 20, &out.status, &out.d, &out.bd),
-                     -1);
-    assert_int_equal(llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, 20, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
     memset(bad + 20, 1, 32 * 8);
     put32(bad + 16, LLMDD_MAX_DIMS + 1);
     assert_int_equal(
-        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd), -1);
+        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd),
+        -1);
     put32(bad + 16, UINT32_MAX);
     assert_int_equal(
-        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd), -1);
+        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd),
+        -1);
 
     /* A failure status carries no desc: 4 bytes exactly. */
-    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, &d, 0, buf, sizeof(buf));
+    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, &d, 0, buf,
+                                sizeof(buf));
     assert_int_equal(n, 4);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_int_equal(out.status, LLM_KV_CACHE_NOT_EXIST);
     assert_strict(buf, n, dec_desc, sizeof(out));
 }
