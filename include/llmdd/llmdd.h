@@ -145,7 +145,8 @@ typedef struct {
     uint32_t num_tensors;
     llmdd_data_type data_type;
     uint32_t num_dims;             /* 1..LLMDD_MAX_DIMS */
-    int64_t shape[LLMDD_MAX_DIMS]; /* shape[0] = batch size = number of blocks */
+    int64_t shape[LLMDD_MAX_DIMS]; /* shape[0] = batch size = number of blocks
+                                      (see llmdd_allocate_cache_ex) */
 } llmdd_cache_desc;
 
 typedef struct {
@@ -643,6 +644,27 @@ LLMDD_API llmdd_status llmdd_tp_plan(uint32_t total_heads, uint32_t src_tp,
                                      llmdd_tp_piece *out, size_t cap,
                                      size_t *count_out);
 
+/*
+ * The batch dimension (0.4; the reference's CacheDesc.batch_dim_index): a
+ * cache whose slots are indexed by shape[batch_dim] instead of shape[0].
+ * Slot b of each tensor is then the strided sub-tensor at index b of that
+ * dimension, rows of the dims after it (row = their product times the
+ * element size), one row for each index of the dims before it; a slot
+ * call's size and copy offset count bytes of the slot in row-major order of
+ * the remaining dims and must be whole rows (else LLM_PARAM_INVALID, as
+ * for batch_dim >= num_dims). Batch dimension 0 is llmdd_allocate_cache and
+ * llmdd_register_kv_cache, the 0.3 calls. The batch dimension is fixed for
+ * the cache's life and travels to peers with its description; block calls
+ * and slice transfers need batch dimension 0 on both sides
+ * (LLM_PARAM_INVALID). docs/model.md, "The batch dimension".
+ */
+LLMDD_API llmdd_status llmdd_allocate_cache_ex(llmdd *dd,
+                                               const llmdd_cache_desc *desc,
+                                               uint32_t batch_dim,
+                                               llmdd_cache *cache_out);
+LLMDD_API llmdd_status llmdd_register_kv_cache_ex(
+    llmdd *dd, const llmdd_cache_desc *desc, uint32_t batch_dim,
+    const uint64_t *addrs, size_t num_addrs, int64_t *cache_id_out);
 /*
  * Discovery (0.3, docs/model.md "Discovery"). With llm.MetadataServer
  * (etcd://HOST:PORT[,HOST:PORT...], etcd's v3 JSON gateway over HTTP) set

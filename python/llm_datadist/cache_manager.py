@@ -359,6 +359,8 @@ class CacheManager:
         if not isinstance(src_to_dst, dict):
             raise TypeError("src_to_dst must be a dict of int to int")
         sd, dd = src_cache.cache_desc, dst_cache.cache_desc
+        raise_if_false(sd.batch_dim == 0 and dd.batch_dim == 0,
+                       "blocks need batch_dim_index 0")
         sbs = sd.size // sd.batch_size
         dbs = dd.size // dd.batch_size
         raise_if_false(sbs == dbs, f"src block size:{sbs} and dst block size:{dbs} must be equal")

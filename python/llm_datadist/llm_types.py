@@ -75,9 +75,6 @@ class CacheDesc:
             raise TypeError("placement must be a Placement")
         raise_if_false(0 <= batch_dim_index < max(1, len(shape)),
                        f"batch_dim_index {batch_dim_index} out of range")
-        raise_if_false(batch_dim_index == 0,
-                       "llmdd supports batch_dim_index 0 only (shape[0] is the batch)",
-                       LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
         raise_if_false(seq_len_dim_index == -1 or 0 <= seq_len_dim_index < len(shape),
                        f"seq_len_dim_index {seq_len_dim_index} is invalid")
         self._num_tensors = num_tensors
@@ -118,7 +115,8 @@ class CacheDesc:
         import llmdd
         try:
             return llmdd.CacheDesc(self._num_tensors, tuple(self._shape),
-                                   self._data_type.value, self._placement.value)
+                                   self._data_type.value, self._placement.value,
+                                   self._batch_dim)
         except (TypeError, ValueError) as e:
             raise LLMException(f"invalid CacheDesc {self!r}: {e}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID) from None

@@ -309,10 +309,15 @@ class Instance:
             raise TypeError("desc must be a llmdd.CacheDesc")
         out = _ffi.CacheC()
         cd = desc._c()
+        if layout is not None and desc.batch_dim != 0:
+            raise ValueError("a layout cache has batch_dim 0")
         if layout is not None:
             check(self._call(lib.llmdd_allocate_cache_layout, ctypes.byref(cd),
                              ctypes.byref(layout._c()), ctypes.byref(out)),
                   "allocate_cache")
+        elif desc.batch_dim != 0:
+            check(self._call(lib.llmdd_allocate_cache_ex, ctypes.byref(cd),
+                             desc.batch_dim, ctypes.byref(out)), "allocate_cache")
         else:
             check(self._call(lib.llmdd_allocate_cache, ctypes.byref(cd),
                              ctypes.byref(out)), "allocate_cache")
@@ -369,10 +374,16 @@ class Instance:
         arr = (ctypes.c_uint64 * len(addrs))(*addrs)
         cid = ctypes.c_int64()
         cd = desc._c()
+        if layout is not None and desc.batch_dim != 0:
+            raise ValueError("a layout cache has batch_dim 0")
         if layout is not None:
             check(self._call(lib.llmdd_register_kv_cache_layout, ctypes.byref(cd),
                              ctypes.byref(layout._c()), arr, len(addrs),
                              ctypes.byref(cid)), "register_cache")
+        elif desc.batch_dim != 0:
+            check(self._call(lib.llmdd_register_kv_cache_ex, ctypes.byref(cd),
+                             desc.batch_dim, arr, len(addrs), ctypes.byref(cid)),
+                  "register_cache")
         else:
             check(self._call(lib.llmdd_register_kv_cache, ctypes.byref(cd), arr,
                              len(addrs), ctypes.byref(cid)), "register_cache")

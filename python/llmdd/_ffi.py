@@ -263,6 +263,10 @@ _proto("llmdd_allocate_cache_layout", status_t, _vp, _P(CacheDescC), _P(KvLayout
        _P(CacheC))
 _proto("llmdd_register_kv_cache_layout", status_t, _vp, _P(CacheDescC), _P(KvLayoutC),
        _u64p, ctypes.c_size_t, _P(ctypes.c_int64))
+_proto("llmdd_allocate_cache_ex", status_t, _vp, _P(CacheDescC), ctypes.c_uint32,
+       _P(CacheC))
+_proto("llmdd_register_kv_cache_ex", status_t, _vp, _P(CacheDescC), ctypes.c_uint32,
+       _u64p, ctypes.c_size_t, _P(ctypes.c_int64))
 _proto("llmdd_query_remote_layout", status_t, _vp, ctypes.c_uint64, ctypes.c_int64,
        _P(KvLayoutC))
 _proto("llmdd_pull_kv_slices_async", status_t, _vp, _P(CacheIndexC), _P(KvSliceC),

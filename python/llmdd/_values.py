@@ -211,12 +211,14 @@ def _blocks(name, blocks):
 
 class CacheDesc:
     """A cache's description: num_tensors tensors of one shape and type.
-    shape[0] is the batch size (or number of blocks)."""
+    shape[batch_dim] is the batch size (shape[0], the number of blocks, for
+    a block cache); a slot is the sub-tensor at one index of that dim
+    (docs/model.md, "The batch dimension")."""
 
-    __slots__ = ("num_tensors", "shape", "data_type", "placement")
+    __slots__ = ("num_tensors", "shape", "data_type", "placement", "batch_dim")
 
     def __init__(self, num_tensors, shape, data_type=DataType.UINT8,
-                 placement=Placement.HOST):
+                 placement=Placement.HOST, batch_dim=0):
         num_tensors = _int("num_tensors", num_tensors, 1, _U32_MAX)
         if not isinstance(shape, (tuple, list)) and getattr(shape, "ndim", 0) == 0:
             shape = (shape,)            # one dimension, checked below
@@ -227,10 +229,12 @@ class CacheDesc:
             _int(f"shape[{i}]", d, 1, _I64_MAX)
         data_type = _enum(DataType, "data_type", data_type)
         placement = _enum(Placement, "placement", placement)
+        batch_dim = _int("batch_dim", batch_dim, 0, len(shape) - 1)
         self.num_tensors = num_tensors
         self.shape = tuple(shape)
         self.data_type = data_type
         self.placement = placement
+        self.batch_dim = batch_dim
 
     @property
     def tensor_size(self):
@@ -241,8 +245,9 @@ class CacheDesc:
 
     @property
     def stride(self):
+        """Bytes in one slot."""
         ts = self.tensor_size
-        return None if ts is None else ts // self.shape[0]
+        return None if ts is None else ts // self.shape[self.batch_dim]
 
     def _c(self):
         d = _ffi.CacheDescC()
@@ -255,8 +260,9 @@ class CacheDesc:
         return d
 
     def __repr__(self):
+        bd = f", batch_dim={self.batch_dim}" if self.batch_dim else ""
         return (f"CacheDesc(num_tensors={self.num_tensors}, shape={self.shape}, "
-                f"data_type={self.data_type.name}, placement={self.placement.name})")
+                f"data_type={self.data_type.name}, placement={self.placement.name}{bd})")
 
 
 CacheIndex = collections.namedtuple("CacheIndex", "cluster_id cache_id batch_index",

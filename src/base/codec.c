@@ -30,9 +30,9 @@ llmdd__get_name(llmdd__rbuf *r, char *out, size_t max)
 }
 
 void
-llmdd__put_desc(llmdd__wbuf *w, const llmdd_cache_desc *d)
+llmdd__put_desc(llmdd__wbuf *w, const llmdd_cache_desc *d, uint32_t batch_dim)
 {
-    if (d->num_dims > LLMDD_MAX_DIMS) {
+    if (d->num_dims > LLMDD_MAX_DIMS || batch_dim >= d->num_dims) {
         w->err = true;
         return;
     }
@@ -42,12 +42,14 @@ llmdd__put_desc(llmdd__wbuf *w, const llmdd_cache_desc *d)
     llmdd__put_u32(w, d->num_dims);
     for (uint32_t i = 0; i < d->num_dims; i++)
         llmdd__put_i64(w, d->shape[i]);
+    llmdd__put_u32(w, batch_dim);
 }
 
 void
-llmdd__get_desc(llmdd__rbuf *r, llmdd_cache_desc *out)
+llmdd__get_desc(llmdd__rbuf *r, llmdd_cache_desc *out, uint32_t *batch_dim)
 {
     memset(out, 0, sizeof(*out));
+    *batch_dim = 0;
     out->placement = (llmdd_placement)llmdd__get_u32(r);
     out->num_tensors = llmdd__get_u32(r);
     out->data_type = (llmdd_data_type)llmdd__get_u32(r);
@@ -59,4 +61,9 @@ llmdd__get_desc(llmdd__rbuf *r, llmdd_cache_desc *out)
     }
     for (uint32_t i = 0; i < out->num_dims; i++)
         out->shape[i] = llmdd__get_i64(r);
+    uint32_t bd = llmdd__get_u32(r);
+    if (!r->err && bd >= out->num_dims)
+        r->err = true;
+    if (!r->err)
+        *batch_dim = bd;
 }

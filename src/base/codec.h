@@ -36,7 +36,7 @@ typedef struct {
 #define LLMDD__RBUF(buf, n) ((llmdd__rbuf){.p = (buf), .len = (n)})
 
 /* The encoded size of a desc (llmdd__put_desc) with LLMDD_MAX_DIMS dims. */
-#define LLMDD__DESC_MAX (16 + 8 * LLMDD_MAX_DIMS)
+#define LLMDD__DESC_MAX (20 + 8 * LLMDD_MAX_DIMS)
 
 static inline void
 llmdd__put_bytes(llmdd__wbuf *w, const void *src, size_t n)
@@ -186,11 +186,14 @@ void llmdd__get_name(llmdd__rbuf *r, char *out, size_t max);
 
 /*
  * A cache description: placement, tensor count, data type and dim count
- * (u32 each), then each dim (u64). The reader checks only what it must to
- * stay in bounds (1..LLMDD_MAX_DIMS dims); whether the desc makes sense is
- * llmdd__desc_check's, in the core.
+ * (u32 each), then each dim (u64), then (protocol version 3) the batch
+ * dimension (u32). The reader checks what it must to stay in bounds
+ * (1..LLMDD_MAX_DIMS dims) and that the batch dimension names one of the
+ * dims; whether the desc makes sense is llmdd__desc_check's, in the core.
  */
-void llmdd__put_desc(llmdd__wbuf *w, const llmdd_cache_desc *d);
-void llmdd__get_desc(llmdd__rbuf *r, llmdd_cache_desc *out);
+void llmdd__put_desc(llmdd__wbuf *w, const llmdd_cache_desc *d,
+                     uint32_t batch_dim);
+void llmdd__get_desc(llmdd__rbuf *r, llmdd_cache_desc *out,
+                     uint32_t *batch_dim);
 
 #endif

@@ -326,31 +326,32 @@ llmdd__wire_i64_decode(const uint8_t *buf, size_t len, int64_t *out)
 
 size_t
 llmdd__wire_desc_encode(uint32_t status, const llmdd_cache_desc *d,
-                        uint8_t *buf, size_t cap)
+                        uint32_t batch_dim, uint8_t *buf, size_t cap)
 {
     llmdd__wbuf w = LLMDD__WBUF(buf, cap);
 
     llmdd__put_u32(&w, status);
     if (status == LLM_SUCCESS)
-        llmdd__put_desc(&w, d);
+        llmdd__put_desc(&w, d, batch_dim);
     return llmdd__wdone(&w);
 }
 
 int
 llmdd__wire_desc_decode(const uint8_t *buf, size_t len, uint32_t *status,
-                        llmdd_cache_desc *out)
+                        llmdd_cache_desc *out, uint32_t *batch_dim)
 {
     llmdd__rbuf r = LLMDD__RBUF(buf, len);
     llmdd_cache_desc d;
-    uint32_t st = llmdd__get_u32(&r);
+    uint32_t st = llmdd__get_u32(&r), bd = 0;
 
     memset(&d, 0, sizeof(d));
     if (st == LLM_SUCCESS)
-        llmdd__get_desc(&r, &d);
+        llmdd__get_desc(&r, &d, &bd);
     if (llmdd__rdone(&r) != 0)
         return -1;
     *status = st;
     *out = d;
+    *batch_dim = bd;
     return 0;
 }
 

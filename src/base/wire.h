@@ -230,11 +230,12 @@ int llmdd__wire_u32_decode(const uint8_t *buf, size_t len, uint32_t *out);
 size_t llmdd__wire_i64_encode(int64_t v, uint8_t *buf, size_t cap);
 int llmdd__wire_i64_decode(const uint8_t *buf, size_t len, int64_t *out);
 
-/* QUERY_REPLY: status, then the desc when status is LLM_SUCCESS. */
+/* QUERY_REPLY: status, then the desc and its batch dimension when status
+ * is LLM_SUCCESS (base/codec.h). */
 size_t llmdd__wire_desc_encode(uint32_t status, const llmdd_cache_desc *d,
-                               uint8_t *buf, size_t cap);
+                               uint32_t batch_dim, uint8_t *buf, size_t cap);
 int llmdd__wire_desc_decode(const uint8_t *buf, size_t len, uint32_t *status,
-                            llmdd_cache_desc *out);
+                            llmdd_cache_desc *out, uint32_t *batch_dim);
 
 /* READ_REPLY: status and the number of data bytes that follow. */
 size_t llmdd__wire_read_reply_encode(uint32_t status, uint64_t total,

@@ -178,7 +178,8 @@ llmdd__caches_fini(llmdd *dd)
 }
 
 static llmdd__cache *
-cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size, uint64_t stride)
+cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size,
+          const llmdd__slot_geom *slot)
 {
     llmdd__cache *c = calloc(1, sizeof(*c));
 
@@ -191,7 +192,8 @@ cache_new(const llmdd_cache_desc *desc, uint64_t tensor_size, uint64_t stride)
     }
     c->desc = *desc;
     c->tensor_size = tensor_size;
-    c->stride = stride;
+    c->slot = *slot;
+    c->stride = llmdd__slot_bytes(slot);
     return c;
 }
 
@@ -238,11 +240,31 @@ layout_set(llmdd__cache *c, const llmdd_kv_layout *layout)
     }
 }
 
+/* The desc, the batch dimension and the layout of a new cache (the layout
+ * calls pass batch dimension 0). */
 static llmdd_status
-allocate(llmdd *dd, const llmdd_cache_desc *desc,
+cache_check(const char *what, const llmdd_cache_desc *desc, uint32_t batch_dim,
+            const llmdd_kv_layout *layout, uint64_t *tensor_size,
+            llmdd__slot_geom *slot)
+{
+    uint64_t stride;
+
+    if (llmdd__desc_check(desc, tensor_size, &stride) != LLM_SUCCESS)
+        return LLM_PARAM_INVALID;
+    if (llmdd__slot_geom_make(desc, batch_dim, slot) != LLM_SUCCESS) {
+        log_error("%s: batch dimension %u of a %u-dimensional shape", what,
+                  batch_dim, desc->num_dims);
+        return LLM_PARAM_INVALID;
+    }
+    return layout_fits(layout, stride);
+}
+
+static llmdd_status
+allocate(llmdd *dd, const llmdd_cache_desc *desc, uint32_t batch_dim,
          const llmdd_kv_layout *layout, llmdd_cache *cache_out)
 {
-    uint64_t tensor_size, stride;
+    llmdd__slot_geom slot;
+    uint64_t tensor_size;
     llmdd_status st;
     llmdd__cache *c;
 
@@ -252,14 +274,14 @@ allocate(llmdd *dd, const llmdd_cache_desc *desc,
     if ((st = ready(dd)) != LLM_SUCCESS)
         goto out;
     if (cache_out == NULL ||
-        (st = llmdd__desc_check(desc, &tensor_size, &stride)) != LLM_SUCCESS ||
-        layout_fits(layout, stride) != LLM_SUCCESS) {
+        cache_check("allocate_cache", desc, batch_dim, layout, &tensor_size,
+                    &slot) != LLM_SUCCESS) {
         st = LLM_PARAM_INVALID;
         goto out;
     }
     if (desc->placement == LLMDD_PLACEMENT_DEVICE)
         device_as_host(dd);
-    c = cache_new(desc, tensor_size, stride);
+    c = cache_new(desc, tensor_size, &slot);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;
         goto out;
@@ -303,11 +325,12 @@ llmdd_deallocate_cache(llmdd *dd, int64_t cache_id)
 }
 
 static llmdd_status
-register_cache(llmdd *dd, const llmdd_cache_desc *desc,
+register_cache(llmdd *dd, const llmdd_cache_desc *desc, uint32_t batch_dim,
                const llmdd_kv_layout *layout, const uint64_t *addrs,
                size_t num_addrs, int64_t *cache_id_out)
 {
-    uint64_t tensor_size, stride;
+    llmdd__slot_geom slot;
+    uint64_t tensor_size;
     llmdd_status st;
     llmdd__cache *c;
 
@@ -318,9 +341,9 @@ register_cache(llmdd *dd, const llmdd_cache_desc *desc,
         goto out;
     st = LLM_PARAM_INVALID;
     if (cache_id_out == NULL || addrs == NULL || num_addrs == 0 ||
-        llmdd__desc_check(desc, &tensor_size, &stride) != LLM_SUCCESS ||
-        num_addrs != desc->num_tensors ||
-        layout_fits(layout, stride) != LLM_SUCCESS)
+        cache_check("register_kv_cache", desc, batch_dim, layout, &tensor_size,
+                    &slot) != LLM_SUCCESS ||
+        num_addrs != desc->num_tensors)
         goto out;
     for (size_t i = 0; i < num_addrs; i++) {
         uint64_t end;
@@ -330,7 +353,7 @@ register_cache(llmdd *dd, const llmdd_cache_desc *desc,
     }
     if (desc->placement == LLMDD_PLACEMENT_DEVICE)
         device_as_host(dd);
-    c = cache_new(desc, tensor_size, stride);
+    c = cache_new(desc, tensor_size, &slot);
     if (c == NULL) {
         st = LLM_OUT_OF_MEMORY;
         goto out;
@@ -351,7 +374,14 @@ llmdd_status
 llmdd_allocate_cache(llmdd *dd, const llmdd_cache_desc *desc,
                      llmdd_cache *cache_out)
 {
-    return allocate(dd, desc, NULL, cache_out);
+    return allocate(dd, desc, 0, NULL, cache_out);
+}
+
+llmdd_status
+llmdd_allocate_cache_ex(llmdd *dd, const llmdd_cache_desc *desc,
+                        uint32_t batch_dim, llmdd_cache *cache_out)
+{
+    return allocate(dd, desc, batch_dim, NULL, cache_out);
 }
 
 llmdd_status
@@ -361,7 +391,7 @@ llmdd_allocate_cache_layout(llmdd *dd, const llmdd_cache_desc *desc,
 {
     if (layout == NULL)
         return LLM_PARAM_INVALID;
-    return allocate(dd, desc, layout, cache_out);
+    return allocate(dd, desc, 0, layout, cache_out);
 }
 
 llmdd_status
@@ -369,7 +399,16 @@ llmdd_register_kv_cache(llmdd *dd, const llmdd_cache_desc *desc,
                         const uint64_t *addrs, size_t num_addrs,
                         int64_t *cache_id_out)
 {
-    return register_cache(dd, desc, NULL, addrs, num_addrs, cache_id_out);
+    return register_cache(dd, desc, 0, NULL, addrs, num_addrs, cache_id_out);
+}
+
+llmdd_status
+llmdd_register_kv_cache_ex(llmdd *dd, const llmdd_cache_desc *desc,
+                           uint32_t batch_dim, const uint64_t *addrs,
+                           size_t num_addrs, int64_t *cache_id_out)
+{
+    return register_cache(dd, desc, batch_dim, NULL, addrs, num_addrs,
+                          cache_id_out);
 }
 
 llmdd_status
@@ -380,7 +419,7 @@ llmdd_register_kv_cache_layout(llmdd *dd, const llmdd_cache_desc *desc,
 {
     if (layout == NULL)
         return LLM_PARAM_INVALID;
-    return register_cache(dd, desc, layout, addrs, num_addrs, id_out);
+    return register_cache(dd, desc, 0, layout, addrs, num_addrs, id_out);
 }
 
 llmdd_status

@@ -47,7 +47,8 @@ typedef struct llmdd__cache {
     int64_t id;
     llmdd_cache_desc desc;
     uint64_t tensor_size;
-    uint64_t stride;
+    uint64_t stride;       /* bytes of one slot (of the batch dimension) */
+    llmdd__slot_geom slot; /* where slots lie; batch_dim fixed for life */
     uint64_t *addrs; /* num_tensors entries */
     bool allocated;  /* else registered user memory */
     bool has_layout; /* made with a KV layout (fixed for its life) */

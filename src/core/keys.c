@@ -106,7 +106,7 @@ llmdd_set_cache_key(llmdd *dd, int64_t cache_id, uint32_t batch_index,
     llmdd__cache *c = llmdd__cache_get(dd, cache_id);
     if (c == NULL)
         return LLM_KV_CACHE_NOT_EXIST;
-    if ((int64_t)batch_index >= c->desc.shape[0]) {
+    if (batch_index >= c->slot.slots) {
         llmdd__cache_put(dd, c);
         return LLM_PARAM_INVALID;
     }

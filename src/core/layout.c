@@ -65,6 +65,40 @@ llmdd__desc_check(const llmdd_cache_desc *desc, uint64_t *tensor_size_out,
     return LLM_SUCCESS;
 }
 
+llmdd_status
+llmdd__slot_geom_make(const llmdd_cache_desc *desc, uint32_t batch_dim,
+                      llmdd__slot_geom *g)
+{
+    uint64_t rows = 1, row = llmdd__dtype_size(desc->data_type);
+
+    if (batch_dim >= desc->num_dims)
+        return LLM_PARAM_INVALID;
+    /* The desc is checked: no product of its dims overflows. */
+    for (uint32_t i = 0; i < batch_dim; i++)
+        rows *= (uint64_t)desc->shape[i];
+    for (uint32_t i = batch_dim + 1; i < desc->num_dims; i++)
+        row *= (uint64_t)desc->shape[i];
+    g->batch_dim = batch_dim;
+    g->slots = (uint64_t)desc->shape[batch_dim];
+    g->row = row;
+    g->rows = rows;
+    g->pitch = g->slots * row;
+    return LLM_SUCCESS;
+}
+
+llmdd_status
+llmdd__slot_range_check(const llmdd__slot_geom *g, uint64_t off, uint64_t len)
+{
+    uint64_t end;
+
+    if (len == 0 || __builtin_add_overflow(off, len, &end) ||
+        end > llmdd__slot_bytes(g))
+        return LLM_PARAM_INVALID;
+    if (g->batch_dim != 0 && (off % g->row != 0 || len % g->row != 0))
+        return LLM_PARAM_INVALID;
+    return LLM_SUCCESS;
+}
+
 static bool
 range_is_default(llmdd_layer_range r)
 {

@@ -20,6 +20,44 @@ llmdd_status llmdd__desc_check(const llmdd_cache_desc *desc,
                                uint64_t *tensor_size_out,
                                uint64_t *stride_out);
 
+/*
+ * Where the slots of a cache lie (docs/model.md, "The batch dimension"):
+ * with batch dimension d, slot b of each tensor is `rows` rows of `row`
+ * bytes (the dims after d), the k-th at b * row + k * pitch, where rows is
+ * the product of the dims before d and pitch = slots * row. Byte x of the
+ * slot, in row-major order of the remaining dims, is at
+ * b * row + (x / row) * pitch + x % row. With d = 0 a slot is one row.
+ */
+typedef struct {
+    uint32_t batch_dim;
+    uint64_t slots; /* shape[batch_dim] */
+    uint64_t row;
+    uint64_t rows;
+    uint64_t pitch;
+} llmdd__slot_geom;
+
+/*
+ * The geometry of a desc already checked by llmdd__desc_check with batch
+ * dimension batch_dim: LLM_PARAM_INVALID when batch_dim >= num_dims.
+ */
+llmdd_status llmdd__slot_geom_make(const llmdd_cache_desc *desc,
+                                   uint32_t batch_dim, llmdd__slot_geom *g);
+
+/* Bytes of one slot. */
+static inline uint64_t
+llmdd__slot_bytes(const llmdd__slot_geom *g)
+{
+    return g->row * g->rows;
+}
+
+/*
+ * Whether bytes [off, off + len) of a slot (len >= 1) fit it and, with a
+ * batch dimension other than 0, are whole rows (off and len multiples of
+ * row): LLM_SUCCESS or LLM_PARAM_INVALID.
+ */
+llmdd_status llmdd__slot_range_check(const llmdd__slot_geom *g, uint64_t off,
+                                     uint64_t len);
+
 /* The selected tensors of one side: [first, first + count). */
 typedef struct {
     uint32_t first;

@@ -378,7 +378,9 @@ llmdd__link_remote(llmdd__link *link, int64_t id, int64_t deadline_ms,
     rc = calloc(1, sizeof(*rc));
     if (rc == NULL)
         return LLM_OUT_OF_MEMORY;
-    st = link->ops->query(link, id, deadline_ms, &rc->desc, &rc->priv);
+    uint32_t batch_dim = 0;
+    st = link->ops->query(link, id, deadline_ms, &rc->desc, &batch_dim,
+                          &rc->priv);
     if (st != LLM_SUCCESS) {
         free(rc);
         return st;
@@ -386,7 +388,8 @@ llmdd__link_remote(llmdd__link *link, int64_t id, int64_t deadline_ms,
     /* The peer's desc is untrusted: it must describe a sane cache. This is
      * the one check of it, for every transport. */
     if (llmdd__desc_check(&rc->desc, &rc->tensor_size, &rc->stride) !=
-        LLM_SUCCESS) {
+            LLM_SUCCESS ||
+        llmdd__slot_geom_make(&rc->desc, batch_dim, &rc->slot) != LLM_SUCCESS) {
         log_error("cluster %llu sent a bad description of cache %lld",
                   (unsigned long long)link->peer.cluster_id, (long long)id);
         if (link->ops->remote_free != NULL)
@@ -394,6 +397,7 @@ llmdd__link_remote(llmdd__link *link, int64_t id, int64_t deadline_ms,
         free(rc);
         return LLM_KV_CACHE_NOT_EXIST;
     }
+    rc->stride = llmdd__slot_bytes(&rc->slot);
     rc->id = id;
     rc->refs = 2; /* the table's and the caller's */
     pthread_mutex_lock(&link->rc_lock);

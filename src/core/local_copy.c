@@ -7,6 +7,7 @@
 
 #include "core/copy.h"
 #include "core/internal.h"
+#include "core/slices.h"
 
 static llmdd_status
 instance_ready(llmdd *dd)
@@ -56,6 +57,60 @@ copy_runs(const llmdd__cache *s, const llmdd__cache *d, const llmdd__run *runs,
     llmdd__copy_end(&b);
 }
 
+/* The 2-D runs of a slot copy (a batch dimension other than 0): one batch
+ * of the copy engine, as copy_runs. */
+static void
+copy_runs2(const llmdd__cache *s, const llmdd__cache *d, const llmdd__plan2 *p)
+{
+    llmdd__copy_batch b;
+
+    llmdd__copy_begin(&b, llmdd__plan2_bytes(p) * s->desc.num_tensors,
+                      d->tensor_size * d->desc.num_tensors);
+    for (uint32_t t = 0; t < s->desc.num_tensors; t++) {
+        uint8_t *sb = (uint8_t *)(uintptr_t)s->addrs[t];
+        uint8_t *db = (uint8_t *)(uintptr_t)d->addrs[t];
+        for (size_t i = 0; i < p->n; i++) {
+            const llmdd__run2 *r = &p->runs[i];
+            llmdd__copy_2d(&b, db + r->dst_off, r->dst_stride, sb + r->src_off,
+                           r->src_stride, r->len, r->count);
+        }
+    }
+    llmdd__copy_end(&b);
+}
+
+/*
+ * A slot copy where either cache has a batch dimension other than 0:
+ * offset and len count bytes of the slot and are whole rows of such a
+ * side (docs/model.md, "The batch dimension").
+ */
+static llmdd_status
+copy_slot(const llmdd__cache *s, const llmdd__cache *d, uint32_t sb,
+          uint32_t db, uint64_t offset, int64_t size, uint64_t *bytes_out)
+{
+    if (sb >= s->slot.slots || db >= d->slot.slots || offset >= s->stride)
+        return LLM_PARAM_INVALID;
+    uint64_t len = size > 0 ? (uint64_t)size : s->stride - offset;
+    if (llmdd__slot_range_check(&s->slot, offset, len) != LLM_SUCCESS ||
+        llmdd__slot_range_check(&d->slot, offset, len) != LLM_SUCCESS) {
+        log_error(
+            "copy_kv_cache: %llu bytes at %llu do not fit the slots "
+            "(%llu bytes in rows of %llu, %llu bytes in rows of %llu)",
+            (unsigned long long)len, (unsigned long long)offset,
+            (unsigned long long)s->stride, (unsigned long long)s->slot.row,
+            (unsigned long long)d->stride, (unsigned long long)d->slot.row);
+        return LLM_PARAM_INVALID;
+    }
+    llmdd__plan2 p = {0};
+    if (llmdd__plan_slot(&p, &s->slot, sb, &d->slot, db, offset, len) != 0) {
+        llmdd__plan2_free(&p);
+        return LLM_OUT_OF_MEMORY;
+    }
+    copy_runs2(s, d, &p);
+    llmdd__plan2_free(&p);
+    *bytes_out = len * s->desc.num_tensors;
+    return LLM_SUCCESS;
+}
+
 static llmdd_status
 copy_cache_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
                uint32_t src_batch_index, uint32_t dst_batch_index,
@@ -70,6 +125,11 @@ copy_cache_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
         return LLM_PARAM_INVALID;
     if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
         return st;
+    if (s->slot.batch_dim != 0 || d->slot.batch_dim != 0) {
+        st = copy_slot(s, d, src_batch_index, dst_batch_index, offset, size,
+                       bytes_out);
+        goto out;
+    }
     st = LLM_PARAM_INVALID;
     if ((int64_t)src_batch_index >= s->desc.shape[0] ||
         (int64_t)dst_batch_index >= d->desc.shape[0] || offset >= s->stride ||
@@ -107,7 +167,8 @@ copy_blocks_run(llmdd *dd, const llmdd_cache *src, const llmdd_cache *dst,
     if ((st = copy_get(dd, src, dst, &s, &d)) != LLM_SUCCESS)
         return st;
     st = LLM_PARAM_INVALID;
-    if (s->stride != d->stride ||
+    if (s->slot.batch_dim != 0 || d->slot.batch_dim != 0 ||
+        s->stride != d->stride ||
         llmdd__blocks_check(src_blocks, num_blocks,
                             (uint64_t)s->desc.shape[0]) != LLM_SUCCESS ||
         llmdd__blocks_check(dst_blocks, num_blocks,

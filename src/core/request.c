@@ -193,6 +193,7 @@ plan_release(llmdd *dd, const llmdd__request_plan *p)
         llmdd__link_remote_put(p->link, p->rc);
         llmdd__link_put(p->link);
         free((void *)p->x.runs);
+        free((void *)p->x.runs2);
         free((void *)p->x.local);
     }
     for (uint32_t i = 0; i < p->nlegs; i++) {

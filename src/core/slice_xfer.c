@@ -132,7 +132,8 @@ remote_layout(llmdd__link *link, llmdd__remote_cache *rc, int64_t deadline,
     llmdd_status st = layout_ask(link, rc->id, deadline, &l);
     /* A peer's layout is a claim: it must fit the cache it described. */
     if (st == LLM_SUCCESS &&
-        llmdd__layout_check(&l, rc->stride, NULL) != LLM_SUCCESS) {
+        (rc->slot.batch_dim != 0 ||
+         llmdd__layout_check(&l, rc->stride, NULL) != LLM_SUCCESS)) {
         log_error("slices: cluster %llu describes cache %lld with a layout "
                   "that does not fit it",
                   (unsigned long long)link->peer.cluster_id,

@@ -375,6 +375,62 @@ llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
     return 0;
 }
 
+/* Where byte x of slot b lies in its tensor (core/layout.h). */
+static uint64_t
+slot_pos(const llmdd__slot_geom *g, uint64_t b, uint64_t x)
+{
+    return b * g->row + (x / g->row) * g->pitch + x % g->row;
+}
+
+static uint64_t
+gcd64(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+int
+llmdd__plan_slot(llmdd__plan2 *p, const llmdd__slot_geom *sg, uint64_t ss,
+                 const llmdd__slot_geom *dg, uint64_t ds, uint64_t off,
+                 uint64_t len)
+{
+    /* A side of one row is contiguous: it cuts nothing (0). */
+    uint64_t sr = sg->rows > 1 ? sg->row : 0;
+    uint64_t dr = dg->rows > 1 ? dg->row : 0;
+    uint64_t period;
+
+    if (sr == 0 && dr == 0)
+        period = len;
+    else if (sr == 0 || dr == 0)
+        period = sr == 0 ? dr : sr;
+    else if (__builtin_mul_overflow(sr / gcd64(sr, dr), dr, &period))
+        period = len + 1; /* cannot be: len is whole rows of both */
+    /* The checked range is whole rows of every side that has several, so
+     * it is whole periods; anything else is the caller's error. */
+    if (period == 0 || len % period != 0)
+        return -1;
+    uint64_t count = len / period;
+    uint64_t sst = sr != 0 ? period / sr * sg->pitch : period;
+    uint64_t dst = dr != 0 ? period / dr * dg->pitch : period;
+    /* The pieces of the first period, each repeated once a period. */
+    for (uint64_t y = 0; y < period;) {
+        uint64_t x = off + y, e = period;
+        if (sr != 0 && (x / sr + 1) * sr - off < e)
+            e = (x / sr + 1) * sr - off;
+        if (dr != 0 && (x / dr + 1) * dr - off < e)
+            e = (x / dr + 1) * dr - off;
+        if (plan_push(p, slot_pos(sg, ss, x), slot_pos(dg, ds, x), e - y, count,
+                      sst, dst) != 0)
+            return -1;
+        y = e;
+    }
+    return 0;
+}
+
 uint64_t
 llmdd__plan2_elems(const llmdd__plan2 *p)
 {

@@ -80,6 +80,19 @@ int llmdd__plan_slice(llmdd__plan2 *p, const llmdd_kv_layout *sl,
                       const llmdd_block_table *dt, uint64_t tb, uint64_t te,
                       uint32_t h0, uint32_t h1);
 
+/*
+ * Appends the runs that move bytes [off, off + len) of slot ss of a cache
+ * of geometry sg to the same bytes of slot ds of one of geometry dg (byte x
+ * of a slot in row-major order of its remaining dims: core/layout.h), the
+ * range already checked against both with llmdd__slot_range_check. Rows of
+ * equal length on both sides become one 2-D run; rows of different lengths
+ * become one 2-D run per piece of a period (their least common multiple).
+ * Offsets are within one tensor. -1 when out of memory.
+ */
+int llmdd__plan_slot(llmdd__plan2 *p, const llmdd__slot_geom *sg, uint64_t ss,
+                     const llmdd__slot_geom *dg, uint64_t ds, uint64_t off,
+                     uint64_t len);
+
 /* Elements a plan moves (sum of count) and its bytes (sum of len * count). */
 uint64_t llmdd__plan2_elems(const llmdd__plan2 *p);
 uint64_t llmdd__plan2_bytes(const llmdd__plan2 *p);

@@ -10,6 +10,7 @@
 
 #include "core/copy.h"
 #include "core/internal.h"
+#include "core/slices.h"
 
 /*
  * KIND_CACHE: a slot (pull or push _kv_cache). KIND_BLOCKS: blocks (pull or
@@ -109,18 +110,26 @@ check_local(const xfer_args *a, const llmdd__cache *c, llmdd__tensor_span *span)
 {
     const char *what = a->write ? "push" : "pull";
 
+    if (a->kind != KIND_CACHE && c->slot.batch_dim != 0) {
+        log_error("%s: local cache %lld has batch dimension %u; blocks need "
+                  "0",
+                  what, (long long)c->id, c->slot.batch_dim);
+        return LLM_PARAM_INVALID;
+    }
     if (a->kind == KIND_CACHE || (a->kind == KIND_SLOT_BLOCKS && a->write)) {
-        if ((int64_t)a->local_batch >= c->desc.shape[0]) {
-            log_error("%s: slot %u is past local cache %lld's %lld", what,
+        if (a->local_batch >= c->slot.slots) {
+            log_error("%s: slot %u is past local cache %lld's %llu", what,
                       a->local_batch, (long long)c->id,
-                      (long long)c->desc.shape[0]);
+                      (unsigned long long)c->slot.slots);
             return LLM_PARAM_INVALID;
         }
-        if (a->size > 0 && (uint64_t)a->size > c->stride) {
-            log_error("%s: size %lld is more than local cache %lld's slot "
-                      "(%llu bytes)",
+        if (a->size > 0 && llmdd__slot_range_check(
+                               &c->slot, 0, (uint64_t)a->size) != LLM_SUCCESS) {
+            log_error("%s: size %lld does not fit local cache %lld's slot "
+                      "(%llu bytes, rows of %llu)",
                       what, (long long)a->size, (long long)c->id,
-                      (unsigned long long)c->stride);
+                      (unsigned long long)c->stride,
+                      (unsigned long long)c->slot.row);
             return LLM_PARAM_INVALID;
         }
     } else if (llmdd__blocks_check(a->local_blocks, a->nblocks,
@@ -156,22 +165,31 @@ check_remote(const xfer_args *a, const llmdd__cache *lc,
     const char *what = a->write ? "push" : "pull";
     llmdd_status st;
 
+    if (a->kind != KIND_CACHE && rc->slot.batch_dim != 0) {
+        log_error("%s: cache %lld of cluster %llu has batch dimension %u; "
+                  "blocks need 0",
+                  what, (long long)rc->id,
+                  (unsigned long long)a->remote_index->cluster_id,
+                  rc->slot.batch_dim);
+        return LLM_PARAM_INVALID;
+    }
     if (a->kind == KIND_CACHE) {
-        if ((int64_t)a->remote_index->batch_index >= rc->desc.shape[0]) {
-            log_error("%s: slot %u is past cache %lld of cluster %llu (%lld "
+        if (a->remote_index->batch_index >= rc->slot.slots) {
+            log_error("%s: slot %u is past cache %lld of cluster %llu (%llu "
                       "slots)",
                       what, a->remote_index->batch_index, (long long)rc->id,
                       (unsigned long long)a->remote_index->cluster_id,
-                      (long long)rc->desc.shape[0]);
+                      (unsigned long long)rc->slot.slots);
             return LLM_PARAM_INVALID;
         }
         uint64_t len = a->size > 0 ? (uint64_t)a->size : lc->stride;
-        if (len > rc->stride) {
-            log_error("%s: %llu bytes a slot, more than cache %lld of cluster "
-                      "%llu holds in one (%llu)",
+        if (llmdd__slot_range_check(&rc->slot, 0, len) != LLM_SUCCESS) {
+            log_error("%s: %llu bytes a slot do not fit cache %lld of "
+                      "cluster %llu (%llu bytes a slot, rows of %llu)",
                       what, (unsigned long long)len, (long long)rc->id,
                       (unsigned long long)a->remote_index->cluster_id,
-                      (unsigned long long)rc->stride);
+                      (unsigned long long)rc->stride,
+                      (unsigned long long)rc->slot.row);
             return LLM_PARAM_INVALID;
         }
     } else if (a->kind == KIND_SLOT_BLOCKS) {
@@ -269,12 +287,47 @@ slot_block_runs(uint64_t slot_off, uint64_t slot_len, const uint64_t *dst,
     return nruns;
 }
 
-/* Builds the run list; *runs_out is malloc'd. */
+/*
+ * A slot of a cache with a batch dimension other than 0 on either side:
+ * its rows as 2-D runs (core/slices.h), as they are for a transport that
+ * moves them (strided), else one run a row.
+ */
+static llmdd_status
+plan_slot(const xfer_args *a, const llmdd__cache *lc,
+          const llmdd__remote_cache *rc, bool strided, llmdd__run **runs_out,
+          size_t *nruns_out, llmdd__run2 **runs2_out, size_t *nruns2_out)
+{
+    const llmdd__slot_geom *sg = a->write ? &lc->slot : &rc->slot;
+    const llmdd__slot_geom *dg = a->write ? &rc->slot : &lc->slot;
+    uint64_t ss = a->write ? a->local_batch : a->remote_index->batch_index;
+    uint64_t ds = a->write ? a->remote_index->batch_index : a->local_batch;
+    uint64_t len = a->size > 0 ? (uint64_t)a->size : lc->stride;
+    llmdd__plan2 p = {0};
+
+    if (llmdd__plan_slot(&p, sg, ss, dg, ds, 0, len) != 0) {
+        llmdd__plan2_free(&p);
+        return LLM_OUT_OF_MEMORY;
+    }
+    if (strided) {
+        *runs2_out = p.runs;
+        *nruns2_out = p.n;
+        return LLM_SUCCESS;
+    }
+    int rc2 = llmdd__plan2_flatten(&p, runs_out, nruns_out);
+    llmdd__plan2_free(&p);
+    return rc2 == 0 ? LLM_SUCCESS : LLM_OUT_OF_MEMORY;
+}
+
+/* Builds the run list; *runs_out (or *runs2_out) is malloc'd. */
 static llmdd_status
 plan_runs(const xfer_args *a, const llmdd__cache *lc,
-          const llmdd__remote_cache *rc, llmdd__run **runs_out,
-          size_t *nruns_out)
+          const llmdd__remote_cache *rc, bool strided, llmdd__run **runs_out,
+          size_t *nruns_out, llmdd__run2 **runs2_out, size_t *nruns2_out)
 {
+    if (a->kind == KIND_CACHE &&
+        (lc->slot.batch_dim != 0 || rc->slot.batch_dim != 0))
+        return plan_slot(a, lc, rc, strided, runs_out, nruns_out, runs2_out,
+                         nruns2_out);
     if (a->kind == KIND_CACHE) {
         llmdd__run *r = malloc(sizeof(*r));
         if (r == NULL)
@@ -327,6 +380,8 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
     llmdd__tensor_span lspan, rspan;
     llmdd__remote_cache *rc;
     llmdd__run *runs = NULL;
+    llmdd__run2 *runs2 = NULL;
+    size_t nruns2 = 0;
     uint8_t **local = NULL;
     llmdd__cache *lc;
     llmdd__link *link;
@@ -358,13 +413,18 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
     }
     if ((st = check_remote(a, lc, rc, lspan, &rspan)) != LLM_SUCCESS)
         goto out_remote;
-    if ((st = plan_runs(a, lc, rc, &runs, &nruns)) != LLM_SUCCESS)
+    nruns = 0;
+    if ((st = plan_runs(a, lc, rc, link->ops->strided, &runs, &nruns, &runs2,
+                        &nruns2)) != LLM_SUCCESS)
         goto out_remote;
     for (size_t i = 0; i < nruns; i++)
         *bytes_out += runs[i].len * rspan.count;
+    for (size_t i = 0; i < nruns2; i++)
+        *bytes_out += runs2[i].len * runs2[i].count * rspan.count;
     local = malloc(lspan.count * sizeof(*local));
     if (local == NULL) {
         free(runs);
+        free(runs2);
         st = LLM_OUT_OF_MEMORY;
         goto out_remote;
     }
@@ -382,6 +442,8 @@ remote_xfer_run(llmdd *dd, const xfer_args *a,
               .local = local,
               .runs = runs,
               .nruns = nruns,
+              .runs2 = runs2,
+              .nruns2 = nruns2,
               .deadline_ms = deadline,
               .local_bytes = lc->tensor_size * lc->desc.num_tensors},
         .flags = a->opts != NULL ? a->opts->flags : 0,

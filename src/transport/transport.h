@@ -30,7 +30,8 @@ typedef struct llmdd__remote_cache {
     int64_t id;
     llmdd_cache_desc desc; /* checked with llmdd__desc_check */
     uint64_t tensor_size;
-    uint64_t stride;
+    uint64_t stride;       /* bytes of one slot */
+    llmdd__slot_geom slot; /* with the batch dimension the peer sent */
     void *priv; /* the transport's, released by ops->remote_free */
     int refs;   /* the link's bookkeeping; guarded by the link */
     bool gone;
@@ -186,15 +187,16 @@ typedef struct llmdd_transport_ops {
     void (*accept_conn)(struct llmdd__link *link, int fd, uint32_t flags);
 
     /*
-     * Asks the peer to describe its cache `id`: its desc as the peer sent it
-     * (untrusted; the core validates it once, with llmdd__desc_check, and
-     * computes the sizes) and the transport's own state for it in *priv
+     * Asks the peer to describe its cache `id`: its desc and batch
+     * dimension as the peer sent them (untrusted; the core validates them
+     * once, with llmdd__desc_check and llmdd__slot_geom_make, and computes
+     * the sizes) and the transport's own state for it in *priv
      * (NULL when it keeps none). LLM_KV_CACHE_NOT_EXIST when the peer has no
      * such cache. On failure nothing is left for remote_free.
      */
     llmdd_status (*query)(struct llmdd__link *link, int64_t id,
                           int64_t deadline_ms, llmdd_cache_desc *desc,
-                          void **priv);
+                          uint32_t *batch_dim, void **priv);
     /* Releases rc->priv. Optional where query never sets it. */
     void (*remote_free)(llmdd__remote_cache *rc);
 

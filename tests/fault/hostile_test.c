@@ -437,8 +437,9 @@ test_out_of_bounds_requests(void **state)
     assert_int_equal(fu_recv_frame(fd, &type, buf, sizeof(buf), &len, 3000),
                      0);
     llmdd_cache_desc d;
+    uint32_t bd;
     assert_int_equal(type, WMSG_QUERY_REPLY);
-    assert_int_equal(llmdd__wire_desc_decode(buf, len, &st, &d), 0);
+    assert_int_equal(llmdd__wire_desc_decode(buf, len, &st, &d, &bd), 0);
     assert_int_equal(st, LLM_KV_CACHE_NOT_EXIST);
     read_good(fd, kv, 1);
 

@@ -102,7 +102,7 @@ frame(int fd, uint16_t type, size_t len, size_t extra, size_t *cap,
     case WMSG_QUERY:
         return llmdd__wire_i64_decode(buf, len, &id);
     case WMSG_QUERY_REPLY:
-        return llmdd__wire_desc_decode(buf, len, &u, &desc);
+        return llmdd__wire_desc_decode(buf, len, &u, &desc, &u);
     case WMSG_READ:
         return llmdd__wire_rw_decode(buf, len, &req);
     case WMSG_WRITE:

@@ -79,6 +79,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(llmdd__desc_check(&m.desc, &tsize, &stride) ==
                        LLM_SUCCESS);
             FUZZ_CHECK(m.nregions >= 1 && m.nregions <= m.desc.num_tensors);
+            FUZZ_CHECK(m.batch_dim < m.desc.num_dims);
             for (uint32_t i = 0; i < m.nregions; i++)
                 FUZZ_CHECK(m.regions[i].rkey >= p &&
                            m.regions[i].rkey + m.regions[i].rkey_len <=

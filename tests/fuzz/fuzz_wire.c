@@ -104,20 +104,27 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     case 7: {
         llmdd_cache_desc d;
-        uint32_t st = 7;
-        if (llmdd__wire_desc_decode(p, len, &st, &d) != 0) {
-            FUZZ_CHECK(st == 7);
+        uint32_t st = 7, bd = 99;
+        if (llmdd__wire_desc_decode(p, len, &st, &d, &bd) != 0) {
+            FUZZ_CHECK(st == 7 && bd == 99);
             return 0;
         }
         if (st == LLM_SUCCESS)
-            FUZZ_CHECK(d.num_dims >= 1 && d.num_dims <= LLMDD_MAX_DIMS);
-        same(p, len, llmdd__wire_desc_encode(st, &d, out, sizeof(out)));
+            FUZZ_CHECK(d.num_dims >= 1 && d.num_dims <= LLMDD_MAX_DIMS &&
+                       bd < d.num_dims);
+        same(p, len, llmdd__wire_desc_encode(st, &d, bd, out, sizeof(out)));
         /* The core's check must cope with whatever a peer describes. */
         uint64_t tsize, stride;
+        llmdd__slot_geom g;
         if (st == LLM_SUCCESS &&
-            llmdd__desc_check(&d, &tsize, &stride) == LLM_SUCCESS)
+            llmdd__desc_check(&d, &tsize, &stride) == LLM_SUCCESS) {
             FUZZ_CHECK(stride > 0 && stride <= tsize &&
                        tsize % stride == 0 && tsize <= INT64_MAX);
+            /* And its slots, along whichever dim the peer named. */
+            FUZZ_CHECK(llmdd__slot_geom_make(&d, bd, &g) == LLM_SUCCESS &&
+                       llmdd__slot_bytes(&g) * g.slots == tsize &&
+                       g.pitch * g.rows == tsize);
+        }
         break;
     }
     case 8: {

@@ -157,9 +157,11 @@ gen_wire_and_stream(void)
     wire("u32", 5, p, n);
     n = llmdd__wire_i64_encode(-5, p, sizeof(p));
     wire("i64", 6, p, n);
-    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, p, sizeof(p));
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 0, p, sizeof(p));
     wire("desc", 7, p, n);
-    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, NULL, p, sizeof(p));
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, p, sizeof(p));
+    wire("desc_batch_dim", 7, p, n);
+    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, NULL, 0, p, sizeof(p));
     wire("desc_missing", 7, p, n);
     n = llmdd__wire_confirm_encode(&c, p, sizeof(p));
     wire("name", 12, p, 1 + p[0]); /* the confirm's transport name */
@@ -237,7 +239,7 @@ gen_wire_and_stream(void)
     s->len = 0;
     n = llmdd__wire_u32_encode(LLM_SUCCESS, p, sizeof(p));
     frame(s, WMSG_DATA_REPLY, p, n);
-    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, p, sizeof(p));
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 1, p, sizeof(p));
     frame(s, WMSG_QUERY_REPLY, p, n);
     n = llmdd__wire_read_reply_encode(LLM_SUCCESS, 96, p, sizeof(p));
     frame(s, WMSG_READ_REPLY, p, n);
@@ -410,6 +412,7 @@ gen_ucx(void)
                                    .data_type = LLMDD_DT_UINT8,
                                    .num_dims = 2,
                                    .shape = {4, 1024}},
+                          .batch_dim = 1,
                           .nregions = 2,
                           .regions = g,
                           .taddr = taddr,

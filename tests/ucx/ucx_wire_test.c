@@ -25,6 +25,7 @@ reply_sample(llmdd__ucx_reply *m, llmdd__ucx_region *g, uint64_t *taddr,
     m->desc.num_dims = 2;
     m->desc.shape[0] = 4;
     m->desc.shape[1] = 16;
+    m->batch_dim = 1;
     g[0] = (llmdd__ucx_region){0x10000, 128, key_a, sizeof(key_a)};
     g[1] = (llmdd__ucx_region){0x90000, 64, key_b, sizeof(key_b)};
     taddr[0] = 0x10000;
@@ -199,6 +200,7 @@ test_reply_round_trip(void **state)
     assert_int_equal(out.status, LLM_SUCCESS);
     assert_int_equal(out.desc.num_tensors, 3);
     assert_int_equal(out.desc.shape[1], 16);
+    assert_int_equal(out.batch_dim, 1);
     assert_int_equal(out.nregions, 2);
     assert_int_equal(out.regions[0].base, 0x10000);
     assert_int_equal(out.regions[1].len, 64);
@@ -314,21 +316,26 @@ test_reply_counts_checked_before_allocating(void **state)
     (void)state;
     reply_sample(&m, g, taddr, treg);
     size_t n = reply_encode(&m, buf, sizeof(buf));
-    /* num_tensors sits after seq, status and placement; nregions after the
-     * desc. Huge counts must fail on the bytes present, not on malloc. */
+    /* num_tensors sits after seq, status and placement; the batch
+     * dimension and nregions after the desc's dims. Huge counts must fail
+     * on the bytes present, not on malloc. */
     uint8_t copy[512];
     memcpy(copy, buf, n);
     put32(copy + 16, 0xffffffffu);
     assert_int_equal(llmdd__ucx_reply_decode(copy, n, &out), -1);
     memcpy(copy, buf, n);
-    put32(copy + 44, 0xffffffffu);
+    put32(copy + 48, 0xffffffffu);
+    assert_int_equal(llmdd__ucx_reply_decode(copy, n, &out), -1);
+    /* A batch dimension past the desc's two dims. */
+    memcpy(copy, buf, n);
+    put32(copy + 44, 2);
     assert_int_equal(llmdd__ucx_reply_decode(copy, n, &out), -1);
     /* A key length of zero and one over the cap. */
     memcpy(copy, buf, n);
-    put32(copy + 48 + 16, 0);
+    put32(copy + 52 + 16, 0);
     assert_int_equal(llmdd__ucx_reply_decode(copy, n, &out), -1);
     memcpy(copy, buf, n);
-    put32(copy + 48 + 16, LLMDD_UCX_RKEY_MAX + 1);
+    put32(copy + 52 + 16, LLMDD_UCX_RKEY_MAX + 1);
     assert_int_equal(llmdd__ucx_reply_decode(copy, n, &out), -1);
 }
 

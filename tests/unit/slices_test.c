@@ -338,6 +338,105 @@ valid_tp(uint32_t H, uint32_t tp)
     return tp <= H ? H % tp == 0 : tp % H == 0;
 }
 
+/*
+ * llmdd__plan_slot against a per-byte reference: caches [rows, slots, row]
+ * (batch dim 1) or [slots, S] (batch dim 0) of one slot size S on each
+ * side, every range of whole rows of both, applied to buffers and compared
+ * byte for byte (untouched bytes included); rows of equal length make one
+ * run.
+ */
+static void
+slot_case(uint64_t srows, uint64_t drows, uint64_t S, uint64_t sslots,
+          uint64_t dslots)
+{
+    llmdd_cache_desc sd = {.num_tensors = 1, .data_type = LLMDD_DT_UINT8};
+    llmdd_cache_desc dd = sd;
+    llmdd__slot_geom sg, dg;
+    uint32_t sbd = srows > 1, dbd = drows > 1;
+    int64_t s3[3] = {(int64_t)srows, (int64_t)sslots, (int64_t)(S / srows)};
+    int64_t d3[3] = {(int64_t)drows, (int64_t)dslots, (int64_t)(S / drows)};
+    sd.num_dims = sbd ? 3 : 2;
+    dd.num_dims = dbd ? 3 : 2;
+    for (int i = 0; i < 3; i++) {
+        sd.shape[i] = sbd ? s3[i] : (i == 0 ? (int64_t)sslots : (int64_t)S);
+        dd.shape[i] = dbd ? d3[i] : (i == 0 ? (int64_t)dslots : (int64_t)S);
+    }
+    uint64_t ts, st;
+    assert_int_equal(llmdd__desc_check(&sd, &ts, &st), LLM_SUCCESS);
+    assert_int_equal(llmdd__slot_geom_make(&sd, sbd, &sg), LLM_SUCCESS);
+    assert_int_equal(llmdd__desc_check(&dd, &ts, &st), LLM_SUCCESS);
+    assert_int_equal(llmdd__slot_geom_make(&dd, dbd, &dg), LLM_SUCCESS);
+    assert_int_equal(llmdd__slot_bytes(&sg), S);
+    assert_int_equal(llmdd__slot_bytes(&dg), S);
+    uint64_t ssize = S * sslots, dsize = S * dslots;
+    uint8_t *src = malloc(ssize), *got = malloc(dsize), *ref = malloc(dsize);
+    for (uint64_t i = 0; i < ssize; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    for (uint64_t sb = 0; sb < sslots; sb++) {
+        uint64_t db = (sb * 3 + 1) % dslots;
+        for (uint64_t off = 0; off < S; off++) {
+            for (uint64_t len = 1; off + len <= S; len++) {
+                bool ok =
+                    llmdd__slot_range_check(&sg, off, len) == LLM_SUCCESS &&
+                    llmdd__slot_range_check(&dg, off, len) == LLM_SUCCESS;
+                bool whole =
+                    (!sbd || (off % sg.row == 0 && len % sg.row == 0)) &&
+                    (!dbd || (off % dg.row == 0 && len % dg.row == 0));
+                assert_int_equal(ok, whole);
+                if (!ok)
+                    continue;
+                memset(got, 0xee, dsize);
+                memset(ref, 0xee, dsize);
+                for (uint64_t x = off; x < off + len; x++) {
+                    /* [rows, slots, row]: byte x of slot b by coordinates */
+                    uint64_t sp = sbd ? (x / sg.row) * sslots * sg.row +
+                                            sb * sg.row + x % sg.row
+                                      : sb * S + x;
+                    uint64_t dp = dbd ? (x / dg.row) * dslots * dg.row +
+                                            db * dg.row + x % dg.row
+                                      : db * S + x;
+                    ref[dp] = src[sp];
+                }
+                llmdd__plan2 p = {0};
+                assert_int_equal(
+                    llmdd__plan_slot(&p, &sg, sb, &dg, db, off, len), 0);
+                for (size_t r = 0; r < p.n; r++) {
+                    const llmdd__run2 *q = &p.runs[r];
+                    assert_true(llmdd__elems_fit(q->src_off, q->len, q->count,
+                                                 q->src_stride, ssize));
+                    assert_true(llmdd__elems_fit(q->dst_off, q->len, q->count,
+                                                 q->dst_stride, dsize));
+                    for (uint64_t k = 0; k < q->count; k++)
+                        memcpy(got + q->dst_off + k * q->dst_stride,
+                               src + q->src_off + k * q->src_stride, q->len);
+                }
+                if (sg.row == dg.row || !sbd || !dbd)
+                    assert_int_equal(p.n, 1);
+                assert_int_equal(llmdd__plan2_bytes(&p), len);
+                llmdd__plan2_free(&p);
+                assert_memory_equal(got, ref, dsize);
+            }
+        }
+    }
+    free(src);
+    free(got);
+    free(ref);
+}
+
+static void
+test_plan_slot(void **state)
+{
+    (void)state;
+    /* S = 24: rows of 6 against 4 (a period of 12), 24 against 8, equal
+     * rows, and batch dim 0 against each. */
+    slot_case(4, 6, 24, 3, 5);
+    slot_case(1, 3, 24, 2, 3);
+    slot_case(3, 3, 24, 3, 2);
+    slot_case(4, 1, 24, 4, 2);
+    slot_case(1, 1, 24, 3, 3);
+    slot_case(2, 3, 12, 5, 4);
+}
+
 static void
 test_tp_plan_exhaustive(void **state)
 {
@@ -463,6 +562,7 @@ main(void)
         cmocka_unit_test(test_runs_follow_blocks),
         cmocka_unit_test(test_llama70b_plan),
         cmocka_unit_test(test_blocks_32_to_16),
+        cmocka_unit_test(test_plan_slot),
         cmocka_unit_test(test_tp_plan_exhaustive),
         cmocka_unit_test(test_tp_regressions),
     };

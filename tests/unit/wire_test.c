@@ -138,23 +138,48 @@ test_codec(void **state)
     llmdd__get_name(&r, name, 7);
     assert_true(r.err);
 
-    /* A desc reads back as written; a dim count out of 1..MAX fails. */
+    /* A desc reads back as written, with its batch dimension; a dim
+     * count out of 1..MAX fails, and so does a batch dimension past the
+     * dims (it is never written). */
     llmdd_cache_desc d = {.num_tensors = 2, .num_dims = 2, .shape = {3, -1}};
     llmdd_cache_desc e;
+    uint32_t bd = 7;
     uint8_t db[LLMDD__DESC_MAX];
     w = LLMDD__WBUF(db, sizeof(db));
-    llmdd__put_desc(&w, &d);
+    llmdd__put_desc(&w, &d, 1);
     size_t n = llmdd__wdone(&w);
-    assert_int_equal(n, 16 + 16);
+    assert_int_equal(n, 16 + 16 + 4);
     r = LLMDD__RBUF(db, n);
-    llmdd__get_desc(&r, &e);
+    llmdd__get_desc(&r, &e, &bd);
     assert_int_equal(llmdd__rdone(&r), 0);
     assert_memory_equal(&d, &e, sizeof(d));
+    assert_int_equal(bd, 1);
+    w = LLMDD__WBUF(db, sizeof(db));
+    llmdd__put_desc(&w, &d, 2);
+    assert_true(w.err);
+    w = LLMDD__WBUF(db, sizeof(db));
+    llmdd__put_desc(&w, &d, 0);
+    n = llmdd__wdone(&w);
+    for (uint32_t v = 2; v != 0; v = v == 2 ? UINT32_MAX : 0) {
+        db[n - 4] = (uint8_t)v;
+        db[n - 3] = (uint8_t)(v >> 8);
+        db[n - 2] = (uint8_t)(v >> 16);
+        db[n - 1] = (uint8_t)(v >> 24);
+        r = LLMDD__RBUF(db, n);
+        bd = 7;
+        llmdd__get_desc(&r, &e, &bd);
+        assert_true(r.err);
+        assert_int_equal(bd, 0);
+    }
+    /* Short by the batch dimension's bytes (a version 2 desc). */
+    r = LLMDD__RBUF(db, n - 4);
+    llmdd__get_desc(&r, &e, &bd);
+    assert_true(r.err);
     for (uint32_t dims = 0; dims <= LLMDD_MAX_DIMS + 1;
          dims += LLMDD_MAX_DIMS + 1) {
         db[12] = (uint8_t)dims;
         r = LLMDD__RBUF(db, sizeof(db));
-        llmdd__get_desc(&r, &e);
+        llmdd__get_desc(&r, &e, &bd);
         assert_true(r.err);
     }
 }
@@ -632,13 +657,14 @@ test_scalars(void **state)
 struct desc_out {
     uint32_t status;
     llmdd_cache_desc d;
+    uint32_t bd;
 };
 
 static int
 dec_desc(const uint8_t *b, size_t n, void *o)
 {
     struct desc_out *d = o;
-    return llmdd__wire_desc_decode(b, n, &d->status, &d->d);
+    return llmdd__wire_desc_decode(b, n, &d->status, &d->d, &d->bd);
 }
 
 static void
@@ -651,14 +677,16 @@ test_desc(void **state)
     (void)state;
     d.placement = LLMDD_PLACEMENT_DEVICE;
     d.shape[1] = INT64_MAX;
-    size_t n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, buf, sizeof(buf));
-    assert_int_equal(n, 4 + 16 + 3 * 8);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d), 0);
+    size_t n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, buf, sizeof(buf));
+    assert_int_equal(n, 4 + 16 + 3 * 8 + 4);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_int_equal(out.status, LLM_SUCCESS);
     assert_memory_equal(&out.d, &d, sizeof(d));
+    assert_int_equal(out.bd, 2);
     assert_strict(buf, n, dec_desc, sizeof(out));
     for (size_t cap = 0; cap < n; cap++)
-        assert_int_equal(llmdd__wire_desc_encode(LLM_SUCCESS, &d, buf, cap),
+        assert_int_equal(llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, buf, cap),
                          0);
 
     /* All 31 dimensions. */
@@ -666,30 +694,59 @@ test_desc(void **state)
     full.num_dims = LLMDD_MAX_DIMS;
     for (int k = 0; k < LLMDD_MAX_DIMS; k++)
         full.shape[k] = k + 1;
-    n = llmdd__wire_desc_encode(LLM_SUCCESS, &full, buf, sizeof(buf));
-    assert_int_equal(n, 4 + 16 + LLMDD_MAX_DIMS * 8);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d), 0);
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &full, LLMDD_MAX_DIMS - 1, buf,
+                                sizeof(buf));
+    assert_int_equal(n, 4 + 16 + LLMDD_MAX_DIMS * 8 + 4);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_memory_equal(&out.d, &full, sizeof(full));
+    assert_int_equal(out.bd, LLMDD_MAX_DIMS - 1);
+
+    /* The batch dimension must name a dim: 3 of 3 dims, and all ones. */
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 0, buf, sizeof(buf));
+    memcpy(bad, buf, n);
+    put32(bad + n - 4, 3);
+    out.bd = 9;
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(out.bd, 9);
+    put32(bad + n - 4, UINT32_MAX);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
+    put32(bad + n - 4, 1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), 0);
+    assert_int_equal(out.bd, 1);
+    /* A version 2 reply (no batch dimension) is short. */
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n - 4, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(
+        llmdd__wire_desc_encode(LLM_SUCCESS, &d, 3, buf, sizeof(buf)), 0);
 
     /* num_dims 0 and 32 (with the bytes for 32 present). */
-    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, buf, sizeof(buf));
+    n = llmdd__wire_desc_encode(LLM_SUCCESS, &d, 2, buf, sizeof(buf));
     memcpy(bad, buf, n);
     put32(bad + 16, 0);
-    assert_int_equal(llmdd__wire_desc_decode(bad, 20, &out.status, &out.d),
-                     -1);
-    assert_int_equal(llmdd__wire_desc_decode(bad, n, &out.status, &out.d), -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, 20, &out.status, &out.d, &out.bd), -1);
+    assert_int_equal(
+        llmdd__wire_desc_decode(bad, n, &out.status, &out.d, &out.bd), -1);
     memset(bad + 20, 1, 32 * 8);
     put32(bad + 16, LLMDD_MAX_DIMS + 1);
     assert_int_equal(
-        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d), -1);
+        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd),
+        -1);
     put32(bad + 16, UINT32_MAX);
     assert_int_equal(
-        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d), -1);
+        llmdd__wire_desc_decode(bad, 20 + 32 * 8, &out.status, &out.d, &out.bd),
+        -1);
 
     /* A failure status carries no desc: 4 bytes exactly. */
-    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, &d, buf, sizeof(buf));
+    n = llmdd__wire_desc_encode(LLM_KV_CACHE_NOT_EXIST, &d, 0, buf,
+                                sizeof(buf));
     assert_int_equal(n, 4);
-    assert_int_equal(llmdd__wire_desc_decode(buf, n, &out.status, &out.d), 0);
+    assert_int_equal(
+        llmdd__wire_desc_decode(buf, n, &out.status, &out.d, &out.bd), 0);
     assert_int_equal(out.status, LLM_KV_CACHE_NOT_EXIST);
     assert_strict(buf, n, dec_desc, sizeof(out));
 }

@@ -71,7 +71,7 @@ loop_pin(const llmdd__link *link, int64_t id, uint32_t first, uint32_t count,
 
 static llmdd_status
 loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-           llmdd_cache_desc *desc, void **priv)
+           llmdd_cache_desc *desc, uint32_t *batch_dim, void **priv)
 {
     llmdd__cache *c;
     llmdd *peer;
@@ -83,6 +83,7 @@ loop_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
     if (st != LLM_SUCCESS)
         return st;
     *desc = c->desc;
+    *batch_dim = c->slot.batch_dim;
     *priv = NULL;
     llmdd__cache_put(peer, c);
     return LLM_SUCCESS;

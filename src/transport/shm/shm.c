@@ -136,7 +136,7 @@ llmdd__shm_entry_find(shm_link *sl, int64_t id)
 
 static llmdd_status
 shm_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-          llmdd_cache_desc *desc, void **priv)
+          llmdd_cache_desc *desc, uint32_t *batch_dim, void **priv)
 {
     shm_link *sl = link->tp;
     shm_wait w;
@@ -144,7 +144,8 @@ shm_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
 
     *priv = NULL;
     if (rc == 1)
-        return llmdd__stream_query(sl->stream, id, deadline_ms, desc);
+        return llmdd__stream_query(sl->stream, id, deadline_ms, desc,
+                                   batch_dim);
     if (rc != 0)
         return llmdd__now_ms() >= deadline_ms ? LLM_TIMEOUT : LLM_NOT_YET_LINK;
     if (w.status != LLM_SUCCESS || w.e == NULL) {
@@ -152,6 +153,7 @@ shm_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
         return LLM_KV_CACHE_NOT_EXIST;
     }
     *desc = w.desc;
+    *batch_dim = w.batch_dim;
     *priv = w.e;
     return LLM_SUCCESS;
 }

@@ -35,7 +35,9 @@
 #include "transport/stream/stream.h"
 
 #define SHM_MAGIC 0x4d48534cu /* "LSHM" little-endian */
-#define SHM_VERSION 2 /* 2: QUERY_REPLY's desc without a length prefix */
+/* 3: QUERY_REPLY's desc with its batch dimension; 2: the desc without a
+ * length prefix. */
+#define SHM_VERSION 3
 #define SHM_HDR_LEN 16
 #define SHM_MSG_MAX 65536
 /* A registered cache whose addresses fit in one reply uses CMA. */
@@ -98,6 +100,7 @@ typedef struct shm_wait {
     bool done;
     uint32_t status;
     llmdd_cache_desc desc;
+    uint32_t batch_dim;
     shm_entry *e; /* a reference, for a successful QUERY */
     struct shm_wait *next;
 } shm_wait;

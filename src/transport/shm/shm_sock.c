@@ -109,7 +109,7 @@ llmdd__shm_recv(shm_link *sl, shm_msg *m)
 /* Hands a reply to the request waiting for it; lock held. */
 static void
 shm_deliver(shm_link *sl, uint64_t seq, uint32_t status,
-            const llmdd_cache_desc *desc, shm_entry *e)
+            const llmdd_cache_desc *desc, uint32_t batch_dim, shm_entry *e)
 {
     for (shm_wait *w = sl->waits; w != NULL; w = w->next) {
         if (w->seq != seq || w->done)
@@ -118,6 +118,7 @@ shm_deliver(shm_link *sl, uint64_t seq, uint32_t status,
         w->status = status;
         if (desc != NULL)
             w->desc = *desc;
+        w->batch_dim = batch_dim;
         if (e != NULL) {
             atomic_fetch_add(&e->refs, 1);
             w->e = e;
@@ -264,7 +265,7 @@ shm_serve_query(shm_link *sl, const shm_msg *m, uint8_t *out)
         llmdd__put_u32(&w, LLM_KV_CACHE_NOT_EXIST);
     } else {
         llmdd__put_u32(&w, LLM_SUCCESS);
-        llmdd__put_desc(&w, &c->desc);
+        llmdd__put_desc(&w, &c->desc, c->slot.batch_dim);
         if (c->allocated) {
             llmdd__put_u32(&w, SHM_KIND_MEMFD);
             llmdd__put_u8(&w, c->mem.pooled);
@@ -358,6 +359,7 @@ shm_on_query_reply(shm_link *sl, shm_msg *m)
     uint32_t status = llmdd__get_u32(&r);
     llmdd_cache_desc desc;
     uint64_t tsize, stride;
+    uint32_t bd;
     shm_entry *e = NULL, *have;
     int fd = m->fd;
 
@@ -369,7 +371,7 @@ shm_on_query_reply(shm_link *sl, shm_msg *m)
             goto err_proto;
         goto not_exist;
     }
-    llmdd__get_desc(&r, &desc);
+    llmdd__get_desc(&r, &desc, &bd);
     if (r.err || llmdd__desc_check(&desc, &tsize, &stride) != LLM_SUCCESS)
         goto err_proto;
     uint32_t kind = llmdd__get_u32(&r);
@@ -378,7 +380,7 @@ shm_on_query_reply(shm_link *sl, shm_msg *m)
     have = llmdd__shm_entry_find(sl, id);
     if (have != NULL && !have->dead) {
         /* Asked twice (two threads, or after a timeout): one mapping. */
-        shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, have);
+        shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, bd, have);
         pthread_mutex_unlock(&sl->lock);
         if (fd >= 0)
             close(fd);
@@ -424,7 +426,7 @@ shm_on_query_reply(shm_link *sl, shm_msg *m)
     pthread_mutex_lock(&sl->lock);
     e->next = sl->entries;
     sl->entries = e;
-    shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, e);
+    shm_deliver(sl, m->seq, LLM_SUCCESS, &desc, bd, e);
     pthread_mutex_unlock(&sl->lock);
     return 0;
 not_exist:
@@ -432,7 +434,7 @@ not_exist:
         close(fd);
     llmdd__shm_entry_put(e);
     pthread_mutex_lock(&sl->lock);
-    shm_deliver(sl, m->seq, LLM_KV_CACHE_NOT_EXIST, NULL, NULL);
+    shm_deliver(sl, m->seq, LLM_KV_CACHE_NOT_EXIST, NULL, 0, NULL);
     pthread_mutex_unlock(&sl->lock);
     return 0;
 err_proto:
@@ -491,7 +493,7 @@ shm_dispatch(shm_link *sl, shm_msg *m, uint8_t *out)
         if (m->body.len != 0)
             return -1;
         pthread_mutex_lock(&sl->lock);
-        shm_deliver(sl, m->seq, LLM_SUCCESS, NULL, NULL);
+        shm_deliver(sl, m->seq, LLM_SUCCESS, NULL, 0, NULL);
         pthread_mutex_unlock(&sl->lock);
         return 0;
     default:

@@ -38,6 +38,7 @@
  * more time than that left, so it never outlives the deadline; the rest of
  * a long wait is a poll up to the deadline.
  */
+#include "base/codec.h"
 #include "transport/stream/stream_int.h"
 
 #include <sys/ioctl.h>
@@ -353,7 +354,7 @@ drain(llmdd *dd, int fd, uint64_t len)
 static int
 serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
 {
-    uint8_t out[16 + 8 * LLMDD_MAX_DIMS + 16];
+    uint8_t out[4 + LLMDD__DESC_MAX];
     llmdd__cache *c = NULL;
     uint32_t st = LLM_KV_CACHE_NOT_EXIST;
     int64_t id;
@@ -364,7 +365,8 @@ serve_query(llmdd *dd, int fd, const uint8_t *buf, size_t len)
     c = llmdd__cache_get(dd, id);
     if (c != NULL)
         st = LLM_SUCCESS;
-    n = llmdd__wire_desc_encode(st, c != NULL ? &c->desc : NULL, out,
+    n = llmdd__wire_desc_encode(st, c != NULL ? &c->desc : NULL,
+                                c != NULL ? c->slot.batch_dim : 0, out,
                                 sizeof(out));
     llmdd__cache_put(dd, c);
     return llmdd__send_msg(dd->stop_fd, fd, WMSG_QUERY_REPLY, out, n,

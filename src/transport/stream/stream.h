@@ -85,7 +85,8 @@ void llmdd__stream_free(llmdd__stream *s);
 
 /* ops->query and ops->xfer over the data connections. */
 llmdd_status llmdd__stream_query(llmdd__stream *s, int64_t id,
-                                 int64_t deadline_ms, llmdd_cache_desc *desc);
+                                 int64_t deadline_ms, llmdd_cache_desc *desc,
+                                 uint32_t *batch_dim);
 llmdd_status llmdd__stream_xfer(llmdd__stream *s, const llmdd__xfer *x);
 
 #endif

@@ -3,6 +3,7 @@
  * design): the connection pool, queries, transfers request by request, and
  * striping a large transfer over several connections.
  */
+#include "base/codec.h"
 #include "transport/stream/stream_int.h"
 
 /*
@@ -152,11 +153,11 @@ io_status(llmdd__link *link, int64_t deadline)
 
 llmdd_status
 llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
-                    llmdd_cache_desc *desc)
+                    llmdd_cache_desc *desc, uint32_t *batch_dim)
 {
     llmdd__link *link = s->link;
     llmdd *dd = link->dd;
-    uint8_t buf[16 + 8 * LLMDD_MAX_DIMS + 16];
+    uint8_t buf[4 + LLMDD__DESC_MAX];
     llmdd_status st;
     uint32_t status;
     uint16_t type;
@@ -171,7 +172,7 @@ llmdd__stream_query(llmdd__stream *s, int64_t id, int64_t deadline,
         llmdd__recv_msg(dd->stop_fd, fd, &type, buf, sizeof(buf), &len,
                         deadline, &to) != 0 ||
         type != WMSG_QUERY_REPLY ||
-        llmdd__wire_desc_decode(buf, len, &status, desc) != 0) {
+        llmdd__wire_desc_decode(buf, len, &status, desc, batch_dim) != 0) {
         /* Drop first (if the peer is lost): then no REV is asked for. */
         st = io_status(link, deadline);
         pool_give(s, fd, false);

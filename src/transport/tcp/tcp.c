@@ -92,10 +92,10 @@ tcp_cache_removed(llmdd__link *link, const llmdd__cache *cache)
 
 static llmdd_status
 tcp_query(llmdd__link *link, int64_t id, int64_t deadline_ms,
-          llmdd_cache_desc *desc, void **priv)
+          llmdd_cache_desc *desc, uint32_t *batch_dim, void **priv)
 {
     *priv = NULL;
-    return llmdd__stream_query(link->tp, id, deadline_ms, desc);
+    return llmdd__stream_query(link->tp, id, deadline_ms, desc, batch_dim);
 }
 
 static llmdd_status

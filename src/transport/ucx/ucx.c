@@ -533,7 +533,7 @@ ucx_rc_fill(ucx_rc *p, const llmdd__ucx_reply *m)
 
 static llmdd_status
 ucx_query(llmdd__link *link, int64_t id, int64_t deadline,
-          llmdd_cache_desc *desc, void **priv)
+          llmdd_cache_desc *desc, uint32_t *batch_dim, void **priv)
 {
     ucx_link *ul = link->tp;
     llmdd__ucx_reply m;
@@ -577,8 +577,10 @@ ucx_query(llmdd__link *link, int64_t id, int64_t deadline,
                 log_error("ucx: cluster %llu sent a bad key for cache %lld",
                           (unsigned long long)link->peer.cluster_id,
                           (long long)id);
-            if (st == LLM_SUCCESS)
+            if (st == LLM_SUCCESS) {
                 *desc = m.desc;
+                *batch_dim = m.batch_dim;
+            }
             llmdd__ucx_reply_free(&m);
         }
     }

@@ -143,8 +143,9 @@ llmdd__ucx_seq_peek(const uint8_t *buf, size_t len, uint64_t *seq)
     return 0;
 }
 
-/* Fixed part of a successful reply: seq, status, desc header, nregions. */
-#define UW_REPLY_FIXED (8 + 4 + 16 + 4)
+/* Fixed part of a successful reply: seq, status, desc header and batch
+ * dimension, nregions. */
+#define UW_REPLY_FIXED (8 + 4 + 16 + 4 + 4)
 #define UW_REGION_FIXED (8 + 8 + 4)
 #define UW_TENSOR_LEN (8 + 4)
 
@@ -182,7 +183,7 @@ llmdd__ucx_reply_encode(const llmdd__ucx_reply *m, uint8_t *buf, size_t cap)
         return llmdd__wdone(&w);
     if (d->num_dims > LLMDD_MAX_DIMS)
         return 0;
-    llmdd__put_desc(&w, d);
+    llmdd__put_desc(&w, d, m->batch_dim);
     llmdd__put_u32(&w, m->nregions);
     for (uint32_t i = 0; i < m->nregions; i++) {
         const llmdd__ucx_region *g = &m->regions[i];
@@ -214,11 +215,12 @@ llmdd__ucx_reply_free(llmdd__ucx_reply *m)
 }
 
 static int
-uw_decode_desc(llmdd__rbuf *r, llmdd_cache_desc *d, uint64_t *tsize)
+uw_decode_desc(llmdd__rbuf *r, llmdd_cache_desc *d, uint32_t *batch_dim,
+               uint64_t *tsize)
 {
     uint64_t stride;
 
-    llmdd__get_desc(r, d);
+    llmdd__get_desc(r, d, batch_dim);
     if (r->err || llmdd__desc_check(d, tsize, &stride) != LLM_SUCCESS)
         return -1;
     return 0;
@@ -236,7 +238,7 @@ llmdd__ucx_reply_decode(const uint8_t *buf, size_t len, llmdd__ucx_reply *out)
     m.status = llmdd__get_u32(&r);
     if (m.status != LLM_SUCCESS)
         goto done;
-    if (uw_decode_desc(&r, &m.desc, &tsize) != 0)
+    if (uw_decode_desc(&r, &m.desc, &m.batch_dim, &tsize) != 0)
         return -1;
     m.nregions = llmdd__get_u32(&r);
     /* Counts are checked against the bytes present before any allocation. */

@@ -38,7 +38,8 @@
 
 #include "base/wire.h"
 
-#define LLMDD_UCX_WIRE_VERSION 2
+/* 3: UCX_QUERY_REPLY's desc carries its batch dimension. */
+#define LLMDD_UCX_WIRE_VERSION 3
 #define LLMDD_UCX_ADDR_MAX 65536u /* a worker address */
 #define LLMDD_UCX_RKEY_MAX 4096u  /* one packed remote key */
 #define LLMDD_UCX_AM_CHUNK (256u << 10) /* the most one GET or PUT moves */
@@ -88,7 +89,8 @@ typedef struct {
     uint32_t status;
     /* The rest only when status is LLM_SUCCESS. */
     llmdd_cache_desc desc;
-    uint32_t nregions; /* 1..desc.num_tensors */
+    uint32_t batch_dim; /* < desc.num_dims */
+    uint32_t nregions;  /* 1..desc.num_tensors */
     llmdd__ucx_region *regions;
     uint64_t *taddr; /* desc.num_tensors entries */
     uint32_t *treg;  /* the region of each tensor */
