@@ -43,6 +43,15 @@ th_check_buf(const uint8_t *buf, uint64_t len, uint32_t seed, uint32_t t)
     return -1;
 }
 
+__attribute__((no_sanitize("thread"))) int64_t
+th_check_pushed(const uint8_t *buf, uint64_t len, uint32_t seed, uint32_t t)
+{
+    for (uint64_t i = 0; i < len; i++)
+        if (buf[i] != th_byte(seed, t, i))
+            return (int64_t)i;
+    return -1;
+}
+
 static llmdd_cache_desc
 desc3(llmdd_data_type dt, int64_t a, int64_t b, int64_t c, uint32_t ndims)
 {

@@ -116,25 +116,6 @@ reg(llmdd *dd, const llmdd_cache_desc *d, uint32_t seed)
     reply_status(st, c.cache_id);
 }
 
-/*
- * th_check_buf out of ThreadSanitizer's sight, for bytes a peer pushed: one
- * of this process's serving threads wrote them, and what orders the check
- * after them runs through the test process, which TSan cannot see.
- * cache_sync gives TSan an edge only once the serving thread has let go of
- * the cache, which it does just after its reply (serve_rw), so the check
- * can come first. TSan then reports every byte, and its handling of
- * millions of racy addresses ran for minutes (fault.kill_tcp timed out in
- * the CI's TSan stage).
- */
-__attribute__((no_sanitize("thread"))) static int64_t
-check_pushed(const uint8_t *buf, uint64_t len, uint32_t seed, uint32_t t)
-{
-    for (uint64_t i = 0; i < len; i++)
-        if (buf[i] != th_byte(seed, t, i))
-            return (int64_t)i;
-    return -1;
-}
-
 static void
 check(llmdd *dd, long long id, uint32_t seed)
 {
@@ -144,7 +125,7 @@ check(llmdd *dd, long long id, uint32_t seed)
             continue;
         uint64_t size = th_tensor_size(&caches[i].desc);
         for (uint32_t t = 0; t < caches[i].desc.num_tensors; t++) {
-            if (check_pushed((uint8_t *)(uintptr_t)caches[i].tensor_addrs[t],
+            if (th_check_pushed((uint8_t *)(uintptr_t)caches[i].tensor_addrs[t],
                              size, seed, t) >= 0) {
                 printf("ERR mismatch in tensor %u\n", t);
                 fflush(stdout);

@@ -302,7 +302,7 @@ auto_loopback(const char *listen_ip)
            "connection(s)\n", reply + 3);
     assert_int_equal(atoi(reply + 3), 1);
     const uint8_t *buf = (const uint8_t *)(uintptr_t)c.tensor_addrs[0];
-    assert_int_equal(th_check_buf(buf, slot, 9, 0), -1);
+    assert_int_equal(th_check_pushed(buf, slot, 9, 0), -1);
 
     /* Ours, counted on the connections to the peer's listener. */
     int n = socks_to(p->port, before, MAX_SOCKS);
